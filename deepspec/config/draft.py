@@ -1,0 +1,44 @@
+"""Draft model section (`draft=dspark|dflash|eagle3`)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+
+@dataclass
+class LossConfig:
+    ce_weight: float = 0.1
+    tv_weight: float = 0.9
+    conf_weight: float = 1.0
+    # Position weight w_k = exp(-k / decay) with k counted from 0 (DeepSpec);
+    # decay <= 0 disables the decay (all weights 1).
+    position_decay: float = 4.0
+    # Eagle3 step weights: step_decay ** k.
+    step_decay: float = 0.8
+    # Anchors per loss chunk (bounds peak memory at chunk * gamma * vocab floats).
+    chunk_size: int = 64
+
+
+@dataclass
+class DraftConfig:
+    # Registered algorithm name: dspark | dflash | eagle3.
+    algorithm: str = "dspark"
+    gamma: int = 7
+    num_layers: int = 5
+    # Width of the draft layers; None = target hidden size.
+    hidden_size: Optional[int] = None
+    intermediate_size: Optional[int] = None
+    num_attention_heads: Optional[int] = None
+    num_key_value_heads: Optional[int] = None
+    head_dim: Optional[int] = None
+    # DSpark sequential head: none | markov | rnn.
+    sequential_head: str = "markov"
+    head_rank: int = 256
+    confidence_head: bool = True
+    # Token id used for the mask slots; None = tokenizer pad/unk/eos in that order.
+    mask_token_id: Optional[int] = None
+    # Eagle3: training-time-test horizon.
+    ttt_steps: int = 7
+    loss: LossConfig = field(default_factory=LossConfig)
+    # Sequential temperature scaling (filled in by `deepspec calibrate`).
+    init_from: Optional[str] = None

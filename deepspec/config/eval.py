@@ -1,0 +1,26 @@
+"""Evaluation section (`eval=...`)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+
+@dataclass
+class EvalConfig:
+    checkpoint: Optional[str] = None
+    data_dir: str = "../shared/eval_datasets"
+    benchmarks: List[str] = field(
+        default_factory=lambda: ["gsm8k", "math500", "aime25", "humaneval", "mbpp",
+                                 "livecodebench", "mt-bench", "arena-hard-v2"])
+    max_samples: Optional[int] = 20
+    max_new_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    gamma: Optional[int] = None
+    # Verify only the prefix whose cumulative confidence stays above this (None = off).
+    confidence_threshold: Optional[float] = None
+    multi_turn: bool = True
+    measure_baseline: bool = True
+    seed: int = 0
+    out_dir: Optional[str] = None

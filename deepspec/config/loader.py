@@ -1,0 +1,157 @@
+"""Compose a typed config from `conf/`, a recipe and command-line overrides.
+
+`conf/config.yaml` holds the defaults list (one choice per group); each group file
+under `conf/<group>/` is validated against the matching dataclass, so a misspelt
+key or a wrong type fails with the key's full name.  A recipe (`recipes/<name>.yaml`)
+is a complete experiment: group choices plus field values, applied before the
+user's own overrides.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterable, List, Optional, Sequence
+
+import yaml
+from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import DictConfig, OmegaConf
+
+from .schema import DeepSpecConfig
+
+GROUPS = ("target", "draft", "data", "cache", "train", "eval", "schedule")
+
+
+class ConfigError(ValueError):
+    """A config that cannot be composed or validated (names the key or file)."""
+
+
+def project_root() -> Path:
+    return Path(__file__).resolve().parents[2]
+
+
+def conf_dir() -> Path:
+    return Path(os.environ.get("DEEPSPEC_CONF_DIR", project_root() / "conf")).resolve()
+
+
+def recipes_dir() -> Path:
+    return Path(os.environ.get("DEEPSPEC_RECIPES_DIR", project_root() / "recipes")).resolve()
+
+
+def list_recipes() -> List[str]:
+    return sorted(p.stem for p in recipes_dir().glob("*.yaml"))
+
+
+def _register_schema() -> None:
+    ConfigStore.instance().store(name="deepspec_schema", node=DeepSpecConfig)
+
+
+def _flatten(prefix: str, node) -> Iterable[str]:
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _flatten(f"{prefix}.{k}" if prefix else str(k), v)
+    else:
+        yield f"{prefix}={_override_value(node)}"
+
+
+def _override_value(v) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(_override_value(x) for x in v) + "]"
+    if isinstance(v, str):
+        return "'" + v.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    return str(v)
+
+
+def recipe_overrides(name: str) -> List[str]:
+    """Turn `recipes/<name>.yaml` into Hydra override strings."""
+    path = Path(name) if name.endswith(".yaml") else recipes_dir() / f"{name}.yaml"
+    if not path.is_file():
+        raise ConfigError(f"unknown recipe {name!r}: no file {path} "
+                          f"(available: {', '.join(list_recipes()) or 'none'})")
+    doc = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{path}: a recipe must be a mapping")
+    out: List[str] = []
+    for group, choice in (doc.pop("defaults", None) or {}).items():
+        if group not in GROUPS:
+            raise ConfigError(f"{path}: defaults.{group} is not a config group ({', '.join(GROUPS)})")
+        out.append(f"{group}={choice}")
+    out.append(f"recipe={_override_value(path.stem)}")
+    out.extend(_flatten("", doc))
+    return out
+
+
+def _split_recipe(overrides: Sequence[str]):
+    recipe, rest = None, []
+    for o in overrides:
+        if o.startswith("recipe="):
+            recipe = o.split("=", 1)[1]
+        else:
+            rest.append(o)
+    return recipe, rest
+
+
+def compose_config(overrides: Sequence[str] = (), config_name: str = "config") -> DictConfig:
+    """Compose the raw (validated) OmegaConf config."""
+    recipe, rest = _split_recipe(list(overrides))
+    all_overrides = (recipe_overrides(recipe) if recipe else []) + rest
+    _register_schema()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+            cfg = compose(config_name=config_name, overrides=all_overrides)
+    except Exception as e:  # hydra raises several types; re-raise with context
+        raise ConfigError(f"cannot compose config from {conf_dir()}: {e}") from e
+    finally:
+        GlobalHydra.instance().clear()
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(DeepSpecConfig), cfg)
+    except Exception as e:
+        raise ConfigError(str(e)) from e
+    OmegaConf.set_readonly(merged, False)
+    return merged
+
+
+def load_config(overrides: Sequence[str] = ()) -> DeepSpecConfig:
+    """Compose and convert to the typed dataclass tree."""
+    return to_object(compose_config(overrides))
+
+
+def to_object(cfg) -> DeepSpecConfig:
+    if isinstance(cfg, DeepSpecConfig):
+        return cfg
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(DeepSpecConfig), cfg))
+
+
+def to_yaml(cfg) -> str:
+    node = cfg if isinstance(cfg, DictConfig) else OmegaConf.structured(cfg)
+    return OmegaConf.to_yaml(node, resolve=True)
+
+
+def save_config(cfg, out_dir: str | os.PathLike, name: str = "resolved_config.yaml") -> Path:
+    """Write the resolved config beside a run's outputs (atomically)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / name
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(to_yaml(cfg))
+    os.replace(tmp, path)
+    return path
+
+
+def config_from_yaml(path: str | os.PathLike) -> DeepSpecConfig:
+    """Re-load a resolved config written by `save_config` (validated)."""
+    raw = OmegaConf.load(str(path))
+    try:
+        return to_object(raw)
+    except Exception as e:
+        raise ConfigError(f"{path}: {e}") from e
+
+
+def override_list(cfg: Optional[DeepSpecConfig]) -> List[str]:
+    return [] if cfg is None else list(_flatten("", OmegaConf.to_container(OmegaConf.structured(cfg))))

@@ -1,0 +1,222 @@
+"""One generic adapter over any Hugging Face decoder (`AutoModelForCausalLM`).
+
+Index convention (used everywhere, written into cache manifests and checkpoints):
+layer id ``i`` means the output of decoder layer ``i`` (0-based), which is
+``hidden_states[i + 1]`` of a transformers forward with ``output_hidden_states``.
+The final post-norm hidden state (the LM head's input) is kept separately.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence
+
+import torch
+from torch import nn
+
+from .chat import ChatEncoding, encode_chat
+
+log = logging.getLogger(__name__)
+INDEX_CONVENTION = "decoder_layer_output:hidden_states[i+1]"
+
+
+def default_layer_ids(num_layers: int, count: int = 5) -> List[int]:
+    """Evenly spaced layers from 1 to L-3 (the paper's [1, 9, 17, 25, 33] for L=36).
+
+    Models with fewer than 8 layers (tiny test targets) span 1..L-1 instead."""
+    if count <= 0:
+        raise ValueError("num_feature_layers must be positive")
+    if num_layers <= count:
+        return list(range(num_layers))
+    lo, hi = 1, (num_layers - 3 if num_layers >= 8 else num_layers - 1)
+    if count == 1:
+        return [hi]
+    step = (hi - lo) / (count - 1)
+    ids = [int(round(lo + k * step)) for k in range(count)]
+    return sorted(set(min(max(i, 0), num_layers - 1) for i in ids))
+
+
+@dataclass
+class Capture:
+    features: torch.Tensor      # [B, T, L*H]: concatenated outputs of the layer ids
+    last_hidden: torch.Tensor   # [B, T, H]: final post-norm hidden state
+
+
+@dataclass
+class DecodeOutput:
+    logits: torch.Tensor        # [B, n, V] float32
+    features: torch.Tensor      # [B, n, L*H]
+    last_hidden: torch.Tensor   # [B, n, H]
+    past_key_values: Any
+
+
+class _LayerRecorder:
+    def __init__(self, layer_ids: Sequence[int]):
+        self.layer_ids = list(layer_ids)
+        self.outputs: Dict[int, torch.Tensor] = {}
+
+    def hook(self, i: int):
+        def fn(_module, _inputs, output):
+            self.outputs[i] = output[0] if isinstance(output, (tuple, list)) else output
+        return fn
+
+    def features(self) -> torch.Tensor:
+        return torch.cat([self.outputs[i] for i in self.layer_ids], dim=-1)
+
+
+def _find_final_norm(model: nn.Module) -> nn.Module:
+    base = model.get_decoder()
+    for name in ("norm", "final_layernorm", "ln_f"):
+        mod = getattr(base, name, None)
+        if isinstance(mod, nn.Module):
+            return mod
+    raise TypeError(f"cannot find the final norm of {type(model).__name__}")
+
+
+def _text_config(config):
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+class TargetAdapter:
+    """A frozen target: shared embedding / LM head, feature capture, KV-cached decode."""
+
+    def __init__(self, model, tokenizer, layer_ids: Optional[Sequence[int]] = None,
+                 num_feature_layers: int = 5, name: str = "target",
+                 chat_template_kwargs: Optional[Dict[str, Any]] = None):
+        self.model = model.eval()
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        self.tokenizer = tokenizer
+        self.name = name
+        self.config = _text_config(model.config)
+        self.num_layers = int(self.config.num_hidden_layers)
+        self.hidden_size = int(self.config.hidden_size)
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        ids = list(layer_ids) if layer_ids else default_layer_ids(self.num_layers, num_feature_layers)
+        bad = [i for i in ids if not 0 <= i < self.num_layers]
+        if bad:
+            raise ValueError(f"target.layer_ids {bad} out of range for a {self.num_layers}-layer model")
+        self.layer_ids = ids
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        self.softcap = getattr(self.config, "final_logit_softcapping", None)
+        self._fingerprint: Optional[Dict[str, str]] = None
+
+    # -- shared frozen modules -------------------------------------------------
+    @property
+    def embed_tokens(self) -> nn.Embedding:
+        return self.model.get_input_embeddings()
+
+    @property
+    def lm_head(self) -> nn.Linear:
+        return self.model.get_output_embeddings()
+
+    @property
+    def final_norm(self) -> nn.Module:
+        return _find_final_norm(self.model)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    @property
+    def feature_dim(self) -> int:
+        return len(self.layer_ids) * self.hidden_size
+
+    @property
+    def eos_token_ids(self) -> List[int]:
+        ids = set()
+        gc = getattr(self.model, "generation_config", None)
+        for src in (getattr(gc, "eos_token_id", None), self.tokenizer.eos_token_id):
+            if isinstance(src, int):
+                ids.add(src)
+            elif src:
+                ids.update(int(x) for x in src)
+        return sorted(ids)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Input embeddings as the decoder sees them (family scaling included)."""
+        return self.embed_tokens(input_ids)
+
+    def logits_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Target logits (fp32) from final post-norm hidden states."""
+        w = self.lm_head.weight
+        logits = torch.nn.functional.linear(hidden.to(w.dtype), w).float()
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
+    # -- forward passes ----------------------------------------------------------
+    @property
+    def decoder(self) -> nn.Module:
+        return self.model.get_decoder()
+
+    @property
+    def layers(self) -> nn.ModuleList:
+        return self.decoder.layers
+
+    @contextmanager
+    def _record_layers(self):
+        """Record the outputs of the configured decoder layers with forward hooks."""
+        rec = _LayerRecorder(self.layer_ids)
+        handles = [self.layers[i].register_forward_hook(rec.hook(i)) for i in sorted(set(self.layer_ids))]
+        try:
+            yield rec
+        finally:
+            for h in handles:
+                h.remove()
+
+    @torch.inference_mode()
+    def capture(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None) -> Capture:
+        """One forward: features of the configured layers + final post-norm state."""
+        am = None if attention_mask is None else attention_mask.to(self.device)
+        with self._record_layers() as rec:
+            out = self.decoder(input_ids=input_ids.to(self.device), attention_mask=am, use_cache=False)
+        return Capture(features=rec.features(), last_hidden=out.last_hidden_state)
+
+    @torch.inference_mode()
+    def decode(self, input_ids: torch.Tensor, past_key_values=None,
+               attention_mask: Optional[torch.Tensor] = None) -> DecodeOutput:
+        """KV-cached forward over new tokens; returns logits, features and the cache."""
+        with self._record_layers() as rec:
+            out = self.decoder(input_ids=input_ids.to(self.device), attention_mask=attention_mask,
+                               past_key_values=past_key_values, use_cache=True)
+        last = out.last_hidden_state
+        return DecodeOutput(logits=self.logits_from_hidden(last), features=rec.features(),
+                            last_hidden=last, past_key_values=out.past_key_values)
+
+    # -- chat ----------------------------------------------------------------------
+    def encode_chat(self, messages: List[Dict[str, str]], add_generation_prompt: bool = False,
+                    **template_kwargs) -> ChatEncoding:
+        kw = {**self.chat_template_kwargs, **template_kwargs}
+        return encode_chat(self.tokenizer, messages, add_generation_prompt=add_generation_prompt, **kw)
+
+    # -- identity -------------------------------------------------------------------
+    def fingerprint(self) -> Dict[str, str]:
+        """Hashes that tie caches and drafts to this exact target and tokenizer."""
+        if self._fingerprint is None:
+            h = hashlib.sha256()
+            for name, t in sorted(self.model.state_dict().items()):
+                h.update(name.encode())
+                h.update(str(tuple(t.shape)).encode())
+                # sample the tensor to keep hashing fast on big models
+                flat = t.detach().reshape(-1)
+                idx = torch.linspace(0, flat.numel() - 1, min(flat.numel(), 4096)).long()
+                h.update(flat[idx].float().cpu().numpy().tobytes())
+            vocab = self.tokenizer.get_vocab()
+            tok = hashlib.sha256(repr(sorted(vocab.items())).encode()).hexdigest()
+            tmpl = hashlib.sha256((self.tokenizer.chat_template or "").encode()).hexdigest()
+            self._fingerprint = {"weights_sha256": h.hexdigest(), "tokenizer_sha256": tok,
+                                 "chat_template_sha256": tmpl}
+        return dict(self._fingerprint)
+
+    def describe(self) -> Dict[str, Any]:
+        return {"name": self.name, "model_type": self.config.model_type, "num_layers": self.num_layers,
+                "hidden_size": self.hidden_size, "vocab_size": self.vocab_size,
+                "layer_ids": list(self.layer_ids), "index_convention": INDEX_CONVENTION,
+                **self.fingerprint()}
