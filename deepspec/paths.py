@@ -1,0 +1,28 @@
+"""Where each stage reads and writes, derived from one config (one place, no guessing)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def run_dir(cfg) -> Path:
+    return Path(cfg.run_dir)
+
+
+def regen_path(cfg) -> Path:
+    return Path(cfg.data.regen_path) if cfg.data.regen_path else run_dir(cfg) / "regen" / "regen.jsonl"
+
+
+def heldout_path(cfg) -> Path:
+    return regen_path(cfg).parent / "heldout.jsonl"
+
+
+def cache_dir(cfg) -> Path:
+    return Path(cfg.cache.dir) if cfg.cache.dir else run_dir(cfg) / "cache"
+
+
+def checkpoints_dir(cfg) -> Path:
+    return run_dir(cfg) / "checkpoints"
+
+
+def eval_dir(cfg) -> Path:
+    return Path(cfg.eval.out_dir) if cfg.eval.out_dir else run_dir(cfg) / "eval"
