@@ -17,12 +17,16 @@ class DataConfig:
     # Column mapping for HF/parquet sources, e.g. {"conversations": "messages"}.
     columns: Dict[str, str] = field(default_factory=dict)
     trust_remote_code: bool = False
+    # Stream the HF dataset instead of downloading it whole (useful with max_samples).
+    hf_streaming: bool = False
     max_samples: Optional[int] = None
     # Held-out split fraction and the seed of the id hash.
     heldout_fraction: float = 0.02
     split_seed: int = 0
     # error | skip (skip writes the bad record to an error file and counts it).
     on_error: str = "error"
+    # Where skipped records go (JSONL); None = {regen dir}/errors.jsonl.
+    errors_path: Optional[str] = None
     # Regenerated conversations (output of the regeneration step).
     regen_path: Optional[str] = None
     # Train without a cache: the frozen target runs inside training.

@@ -8,7 +8,9 @@ user's own overrides.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
+import typing
 from pathlib import Path
 from typing import Iterable, List, Optional, Sequence
 
@@ -20,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from .schema import DeepSpecConfig
 
-GROUPS = ("target", "draft", "data", "cache", "train", "eval", "schedule")
+GROUPS = ("target", "draft", "data", "cache", "train", "eval", "schedule", "engine")
 
 
 class ConfigError(ValueError):
@@ -106,15 +108,33 @@ def compose_config(overrides: Sequence[str] = (), config_name: str = "config") -
         with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
             cfg = compose(config_name=config_name, overrides=all_overrides)
     except Exception as e:  # hydra raises several types; re-raise with context
-        raise ConfigError(f"cannot compose config from {conf_dir()}: {e}") from e
+        cause = f" ({e.__cause__})" if e.__cause__ is not None else ""
+        raise ConfigError(f"cannot compose config from {conf_dir()}: {e}{cause}") from e
     finally:
         GlobalHydra.instance().clear()
+    check_keys(OmegaConf.to_container(cfg, resolve=False), DeepSpecConfig)
     try:
         merged = OmegaConf.merge(OmegaConf.structured(DeepSpecConfig), cfg)
     except Exception as e:
         raise ConfigError(str(e)) from e
     OmegaConf.set_readonly(merged, False)
     return merged
+
+
+def check_keys(node, schema, prefix: str = "") -> None:
+    """Refuse keys the dataclass schema does not declare (Hydra's `+key=` bypasses struct mode)."""
+    if not isinstance(node, dict) or not dataclasses.is_dataclass(schema):
+        return
+    fields = {f.name: f for f in dataclasses.fields(schema)}
+    hints = typing.get_type_hints(schema)
+    for key, value in node.items():
+        name = f"{prefix}{key}"
+        if key not in fields:
+            raise ConfigError(f"unknown config key {name!r} (known under {prefix or 'the root'}: "
+                              f"{', '.join(sorted(fields))})")
+        sub = hints.get(key)
+        if dataclasses.is_dataclass(sub):
+            check_keys(value, sub, name + ".")
 
 
 def load_config(overrides: Sequence[str] = ()) -> DeepSpecConfig:
@@ -148,6 +168,7 @@ def config_from_yaml(path: str | os.PathLike) -> DeepSpecConfig:
     """Re-load a resolved config written by `save_config` (validated)."""
     raw = OmegaConf.load(str(path))
     try:
+        check_keys(OmegaConf.to_container(raw), DeepSpecConfig)
         return to_object(raw)
     except Exception as e:
         raise ConfigError(f"{path}: {e}") from e

@@ -7,6 +7,7 @@ from typing import Optional
 from .cache import CacheConfig
 from .data import DataConfig
 from .draft import DraftConfig, LossConfig
+from .engine import EngineConfig
 from .eval import EvalConfig
 from .schedule import ScheduleConfig
 from .target import TargetConfig
@@ -14,7 +15,7 @@ from .train import TrainConfig
 
 __all__ = [
     "DeepSpecConfig", "TargetConfig", "DraftConfig", "LossConfig", "DataConfig",
-    "CacheConfig", "TrainConfig", "EvalConfig", "ScheduleConfig",
+    "CacheConfig", "TrainConfig", "EvalConfig", "ScheduleConfig", "EngineConfig",
 ]
 
 
@@ -32,3 +33,4 @@ class DeepSpecConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)

@@ -8,6 +8,7 @@ The final post-norm hidden state (the LM head's input) is kept separately.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import logging
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -183,12 +184,41 @@ class TargetAdapter:
     def decode(self, input_ids: torch.Tensor, past_key_values=None,
                attention_mask: Optional[torch.Tensor] = None) -> DecodeOutput:
         """KV-cached forward over new tokens; returns logits, features and the cache."""
+        if past_key_values is None:
+            past_key_values = self.new_cache()
+        kw = {self._cache_kwarg: past_key_values}
         with self._record_layers() as rec:
             out = self.decoder(input_ids=input_ids.to(self.device), attention_mask=attention_mask,
-                               past_key_values=past_key_values, use_cache=True)
+                               use_cache=True, **kw)
         last = out.last_hidden_state
         return DecodeOutput(logits=self.logits_from_hidden(last), features=rec.features(),
-                            last_hidden=last, past_key_values=out.past_key_values)
+                            last_hidden=last, past_key_values=past_key_values)
+
+    @staticmethod
+    def new_cache():
+        """A KV cache that keeps every position (sliding-window layers included), so it can roll back."""
+        from transformers import DynamicCache
+        return DynamicCache()
+
+    @staticmethod
+    def cache_length(cache) -> int:
+        return int(cache.get_seq_length())
+
+    @staticmethod
+    def rollback(cache, length: int) -> None:
+        """Truncate a KV cache to its first ``length`` positions (rejected draft tokens)."""
+        cur = int(cache.get_seq_length())
+        if length > cur or length < 0:
+            raise ValueError(f"cannot roll a cache of {cur} positions back to {length}")
+        if length < cur:
+            cache.crop(length - cur)
+
+    @property
+    def _cache_kwarg(self) -> str:
+        if not hasattr(self, "_cache_kw"):
+            params = inspect.signature(self.decoder.forward).parameters
+            self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        return self._cache_kw
 
     # -- chat ----------------------------------------------------------------------
     def encode_chat(self, messages: List[Dict[str, str]], add_generation_prompt: bool = False,

@@ -1,0 +1,116 @@
+"""`deepspec` command line: thin dispatch to the stage packages.
+
+    deepspec <command> [--cfg job] [key=value ...]
+
+Every stage composes a typed config from `conf/` (Hydra groups target/, draft/, data/,
+cache/, train/, eval/, schedule/), an optional `recipe=<name>` from `recipes/`, and the
+overrides given, writes the resolved config beside its outputs and runs.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+# command -> (module:function taking the typed config, help)
+STAGES: Dict[str, Tuple[str, str]] = {
+    "prepare": ("deepspec.prepare:run", "regenerate answers with the target, then build the hidden-state cache"),
+    "train": ("deepspec.train.loop:run", "train a draft model (DSpark / DFlash / Eagle3) on the cache or online"),
+    "eval": ("deepspec.eval.runner:run", "lossless speculative decoding on benchmarks; τ, acceptance, plots"),
+    "plan": ("deepspec.cache.plan:run", "estimate tokens, cache bytes and time before spending GPU hours"),
+    "calibrate": ("deepspec.schedule.calibrate:run", "sequential temperature scaling of the confidence head"),
+    "demo": ("deepspec.demo:run", "the whole pipeline on the embedded reference target (CPU, minutes)"),
+}
+# command -> (module:function taking argv, help): commands with their own arguments
+TOOLS: Dict[str, Tuple[str, str]] = {
+    "cache": ("deepspec.cache.cli:main", "cache verify|info|gate DIR"),
+    "serve": ("deepspec.engines.server:main", "OpenAI-compatible /v1/chat/completions over the embedded engine"),
+    "target": ("deepspec.targets.cli:main", "target fetch NAME: convert a reference target once"),
+    "export": ("deepspec.export.cli:main", "export a draft for hf / vllm / sglang"),
+    "check": ("deepspec.export.check:main", "train↔serve consistency check of a draft and a target"),
+}
+
+
+def _resolve(spec: str) -> Callable:
+    mod, fn = spec.split(":")
+    return getattr(importlib.import_module(mod), fn)
+
+
+def _stage_parser(cmd: str, help_text: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=f"deepspec {cmd}", description=help_text)
+    p.add_argument("--cfg", choices=["job"], help="print the resolved config and exit")
+    p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. draft=dspark train.lr=3e-4 recipe=NAME")
+    return p
+
+
+def run_stage(cmd: str, argv: Sequence[str]) -> int:
+    from .config import ConfigError, load_config, to_yaml
+    args = _stage_parser(cmd, STAGES[cmd][1]).parse_args(list(argv))
+    try:
+        cfg = load_config(args.overrides)
+    except ConfigError as e:
+        print(f"deepspec {cmd}: config error: {e}", file=sys.stderr)
+        return 2
+    if args.cfg == "job":
+        print(to_yaml(cfg), end="")
+        return 0
+    result = _resolve(STAGES[cmd][0])(cfg)
+    return result if isinstance(result, int) else 0
+
+
+def _config_cmd(argv: Sequence[str]) -> int:
+    from .config import ConfigError, list_recipes, load_config, to_yaml
+    p = argparse.ArgumentParser(prog="deepspec config", description="print the resolved config / list recipes")
+    p.add_argument("--recipes", action="store_true", help="list the recipes")
+    p.add_argument("overrides", nargs="*")
+    args = p.parse_args(list(argv))
+    if args.recipes:
+        print("\n".join(list_recipes()))
+        return 0
+    try:
+        print(to_yaml(load_config(args.overrides)), end="")
+    except ConfigError as e:
+        print(f"deepspec config: config error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="deepspec", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-v", "--verbose", action="store_true")
+    sub = p.add_subparsers(dest="command", metavar="command")
+    for name, (_, h) in {**STAGES, **TOOLS}.items():
+        sub.add_parser(name, help=h, add_help=False)
+    sub.add_parser("config", help="print the resolved config (or --recipes)", add_help=False)
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    verbose = "-v" in argv[:1] or "--verbose" in argv[:1]
+    if verbose:
+        argv = argv[1:]
+    if not argv or argv[0] in ("-h", "--help"):
+        parser.print_help()
+        return 0
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    cmd, rest = argv[0], argv[1:]
+    if cmd in STAGES:
+        return run_stage(cmd, rest)
+    if cmd in TOOLS:
+        result = _resolve(TOOLS[cmd][0])(rest)
+        return result if isinstance(result, int) else 0
+    if cmd == "config":
+        return _config_cmd(rest)
+    parser.print_usage(sys.stderr)
+    print(f"deepspec: unknown command {cmd!r}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""Shared fixtures: tiny random targets of several families (built in code, no downloads)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+REPO = Path(__file__).resolve().parents[1]
+EVAL_DATA = Path(os.environ.get("DEEPSPEC_EVAL_DATA", REPO.parent / "shared" / "eval_datasets"))
+
+
+def make_tiny_target(family: str = "llama", num_layers: int = 4, hidden_size: int = 64, seed: int = 0,
+                     num_feature_layers: int = 2, dtype=torch.float32):
+    from deepspec.targets import TargetAdapter
+    from deepspec.targets.tiny import build_tiny
+    model, tok = build_tiny(family, num_layers=num_layers, hidden_size=hidden_size, seed=seed)
+    return TargetAdapter(model.to(dtype), tok, num_feature_layers=num_feature_layers, name=f"tiny-{family}")
+
+
+@pytest.fixture(params=["llama", "qwen3", "gemma3"])
+def tiny_target(request):
+    """A tiny random target of each family (fp32)."""
+    return make_tiny_target(request.param)
+
+
+@pytest.fixture
+def tiny_llama():
+    return make_tiny_target("llama")
+
+
+@pytest.fixture
+def tiny_qwen3():
+    return make_tiny_target("qwen3")
+
+
+@pytest.fixture(scope="session")
+def eval_data_dir():
+    if not EVAL_DATA.is_dir():
+        pytest.skip(f"benchmark prompts not found at {EVAL_DATA} (set DEEPSPEC_EVAL_DATA)")
+    return EVAL_DATA
+
+
+@pytest.fixture(scope="session")
+def reference_target_dir():
+    """The real SmolLM2-135M-Instruct, converted once (slow tests only)."""
+    from deepspec.targets.reference import fetch_reference
+    return fetch_reference("smollm2-135m")

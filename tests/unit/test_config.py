@@ -1,0 +1,59 @@
+import pytest
+
+from deepspec.config import ConfigError, config_from_yaml, list_recipes, load_config, save_config
+
+
+def test_defaults_compose_typed():
+    cfg = load_config([])
+    assert cfg.draft.algorithm == "dspark" and cfg.draft.gamma == 7
+    assert cfg.target.name == "smollm2_135m"
+    assert isinstance(cfg.train.lr, float)
+
+
+def test_group_choice_and_field_override():
+    cfg = load_config(["draft=eagle3", "target=qwen3_4b", "train.lr=3e-4"])
+    assert cfg.draft.algorithm == "eagle3" and cfg.draft.num_layers == 1
+    assert cfg.target.layer_ids == [1, 9, 17, 25, 33]
+    assert cfg.train.lr == pytest.approx(3e-4)
+
+
+@pytest.mark.parametrize("override,needle", [
+    ("train.lrr=1", "train.lrr"),
+    ("+train.lrr=1", "train.lrr"),
+    ("+nonsense=1", "nonsense"),
+    ("train.lr=abc", "train.lr"),
+    ("draft.gamma=seven", "draft.gamma"),
+    ("target=no_such_target", "target/no_such_target"),
+])
+def test_unknown_keys_and_wrong_types_name_the_key(override, needle):
+    with pytest.raises(ConfigError) as e:
+        load_config([override])
+    assert needle in str(e.value)
+
+
+def test_recipes_select_by_name_and_user_overrides_win():
+    names = list_recipes()
+    for algo in ("dspark", "dflash", "eagle3"):
+        for t in ("qwen3_4b", "qwen3_8b", "qwen3_14b", "gemma3_12b"):
+            assert f"{algo}_{t}" in names
+    cfg = load_config(["recipe=eagle3_smollm2_cpu", "train.lr=1e-3"])
+    assert cfg.recipe == "eagle3_smollm2_cpu"
+    assert cfg.draft.algorithm == "eagle3" and cfg.train.lr == pytest.approx(1e-3)
+    with pytest.raises(ConfigError, match="unknown recipe"):
+        load_config(["recipe=nope"])
+
+
+def test_every_recipe_composes():
+    for name in list_recipes():
+        cfg = load_config([f"recipe={name}"])
+        assert cfg.recipe == name
+
+
+def test_saved_config_round_trips(tmp_path):
+    cfg = load_config(["draft=dflash", "seed=7"])
+    path = save_config(cfg, tmp_path)
+    again = config_from_yaml(path)
+    assert again == cfg
+    path.write_text(path.read_text().replace("seed: 7", "seed: 7\nbogus: 1"))
+    with pytest.raises(ConfigError, match="bogus"):
+        config_from_yaml(path)
