@@ -10,8 +10,23 @@ class ScheduleConfig:
     # Path of an SPS(B) cost table (JSON); None = profile on this device.
     sps_table: Optional[str] = None
     profile_batch_sizes: List[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
+    # Cached context length and timed repeats per batch size when profiling SPS(B).
+    profile_context_len: int = 256
+    profile_repeats: int = 5
     temperature_grid_min: float = 0.25
     temperature_grid_max: float = 4.0
     temperature_grid_size: int = 64
     ece_bins: int = 15
+    # Rollout JSONL (per verification round: confidence[γ], accepted, ...);
+    # None = {eval_dir}/rollouts.jsonl.
     rollouts: Optional[str] = None
+    # Verification-length policy for eval: fixed | threshold | scheduler.
+    policy: str = "fixed"
+    # Threshold on calibrated cumulative confidence (policy=threshold); None = eval.confidence_threshold.
+    threshold: Optional[float] = None
+    # calibration.json to apply; None = {eval.checkpoint}/calibration.json if present.
+    calibration: Optional[str] = None
+    # Per-step cost independent of B added to 1/SPS(B) (seconds; e.g. the draft forward).
+    draft_overhead_s: float = 0.0
+    # Cap on target batch tokens per step for the scheduler (None = no cap).
+    max_batch_tokens: Optional[int] = None

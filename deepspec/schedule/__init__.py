@@ -1,0 +1,30 @@
+"""Confidence calibration (STS) and confidence-scheduled verification (DSpark, second half).
+
+- `rollouts`: the per-round rollout record eval logs (JSONL I/O)
+- `calibration`: Sequential Temperature Scaling, ECE / AUROC / Brier, threshold sweep
+- `calibrate.run(cfg)`: the `deepspec calibrate` stage
+- `profile`: SPS(B) cost tables (measured or synthetic)
+- `prefix_scheduler`: Alg. 1 and the verification-length policies eval calls
+- `simulator`: replay rollouts at concurrency R, compare policies
+"""
+from .calibration import (CALIBRATION_FILENAME, Calibration, apply_temperature, apply_temperatures, auroc,
+                          brier, calibration_metrics, cumulative, ece, find_calibration, fit_sts,
+                          temperature_grid, threshold_lengths, threshold_sweep)
+from .prefix_scheduler import (ConfidencePolicy, FixedLengthPolicy, PrefixSchedulerPolicy, ScheduleResult,
+                               ThresholdPolicy, expected_throughput, make_policy, optimal_lengths_bruteforce,
+                               policy_from_config, schedule_prefix, verify_lengths)
+from .profile import SPSTable, load_sps_table, profile_sps, synthetic_gpu_table
+from .rollouts import (RolloutRecord, RolloutWriter, default_rollouts_path, group_by_request, make_record,
+                       read_rollouts, synthetic_rollouts, to_arrays, write_rollouts)
+from .simulator import SimResult, compare_policies, plot_pareto, simulate
+
+__all__ = [
+    "CALIBRATION_FILENAME", "Calibration", "apply_temperature", "apply_temperatures", "auroc", "brier",
+    "calibration_metrics", "cumulative", "ece", "find_calibration", "fit_sts", "temperature_grid",
+    "threshold_lengths", "threshold_sweep", "ConfidencePolicy", "FixedLengthPolicy", "PrefixSchedulerPolicy",
+    "ScheduleResult", "ThresholdPolicy", "expected_throughput", "make_policy", "optimal_lengths_bruteforce",
+    "policy_from_config", "schedule_prefix", "verify_lengths", "SPSTable", "load_sps_table", "profile_sps",
+    "synthetic_gpu_table", "RolloutRecord", "RolloutWriter", "default_rollouts_path", "group_by_request",
+    "make_record", "read_rollouts", "synthetic_rollouts", "to_arrays", "write_rollouts", "SimResult",
+    "compare_policies", "plot_pareto", "simulate",
+]
