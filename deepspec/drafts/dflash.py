@@ -1,0 +1,243 @@
+"""The parallel block drafter: DFlash, and DSpark = DFlash + sequential/confidence heads.
+
+One class, one code path.  "dspark" builds it with the configured heads;
+"dflash" is registered as the same class with both heads forced off.
+
+Backbone
+    ``H_ctx = RMSNorm(Linear(features))``; each draft layer attends to
+    ``[K/V of H_ctx ; K/V of the block]`` (context injected as extra keys/values).
+    A block anchored at p has input ``[x_p, MASK × (γ−1)]`` (frozen target
+    embedding), RoPE positions p..p+γ−1 (context at its absolute positions), sees
+    context positions < p and its whole block (bidirectional), never later context
+    nor other blocks.  γ inputs -> γ hidden states -> draft final norm -> target
+    LM head = base logits ``U_k`` predicting x_{p+k}, k = 1..γ.
+
+Training (`forward`)
+    All anchors of a batch (``batch["anchors"]``, -1 = padding) are run at once,
+    in chunks of anchors (``cfg.loss.chunk_size`` anchors over the batch, so
+    ``chunk_size // B`` anchor columns per chunk): queries = chunk blocks, keys =
+    ``[context ; chunk blocks]`` with a mask (blocks never see each other, so
+    chunking is exact).  The per-chunk loss runs under activation checkpointing.
+    A block counts only if it is valid per CONTRACTS.md (p >= 0, p+γ < length,
+    loss_mask[p..p+γ] all true); others are ignored (metric ``blocks`` counts the
+    valid ones).
+
+Decoding
+    `init_state` projects the prompt's context K/V for every layer and caches it;
+    `advance` projects only the new positions.  `propose` runs one parallel pass
+    of a γ_train block at the anchor (a shorter ``gamma`` keeps the first
+    positions of the trained block size), then samples left to right: DFlash from
+    ``warp(U_k)``; DSpark from ``warp(U_k + bias(x_{<k}))`` with the token just
+    sampled fed to the head, confidence from the confidence head.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional
+
+import torch
+from torch import nn
+
+from .base import DraftState, Drafter, Proposal, init_linear_weights
+from .context import ContextProjector, append_kv, context_kv
+from .heads import ConfidenceHead, build_sequential_head
+from .layers import KV, DraftDims, DraftLayer, RMSNorm
+from .losses import STAT_ROWS, checkpointed, metrics_from_stats, position_weights, stat_sums, token_terms
+from .registry import register_drafter
+
+
+def _gather_pos(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """x [B, T, ...] gathered at idx [B, ...] along T (idx clamped to range)."""
+    B, T = x.shape[:2]
+    flat = idx.clamp(0, T - 1).reshape(B, -1)
+    if x.dim() == 2:
+        return x.gather(1, flat).reshape(idx.shape)
+    out = x.gather(1, flat.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
+    return out.reshape(*idx.shape, x.shape[-1])
+
+
+@register_drafter("dspark")
+@register_drafter("dflash", sequential_head="none", confidence_head=False)
+class ParallelDrafter(Drafter):
+    def __init__(self, target, cfg):
+        super().__init__(target, cfg)
+        cfg = self.cfg
+        if cfg.gamma < 1 or cfg.num_layers < 1:
+            raise ValueError(f"draft.gamma and draft.num_layers must be >= 1 (got {cfg.gamma}, {cfg.num_layers})")
+        self.dims = dims = DraftDims.from_target(target.config, cfg)
+        D, Ht = dims.hidden_size, self.target_hidden_size
+        self.context = ContextProjector(self.feature_dim, D, dims.rms_eps)
+        self.in_proj = nn.Linear(Ht, D, bias=False) if D != Ht else None
+        self.layers = nn.ModuleList(DraftLayer(dims) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(D, dims.rms_eps)
+        self.out_proj = nn.Linear(D, Ht, bias=False) if D != Ht else None
+        init_linear_weights(self)
+        self.head = build_sequential_head(cfg.sequential_head, self.vocab_size, D, cfg.head_rank)
+        self.conf_head = None
+        if cfg.confidence_head:
+            self.conf_head = ConfidenceHead(D, cfg.head_rank, None if self.head is not None else self.vocab_size)
+
+    # -- backbone -------------------------------------------------------------------------
+    def _context_kv(self, features: torch.Tensor, positions: torch.Tensor) -> List[KV]:
+        return context_kv(self.layers, self.context(features), positions)
+
+    def _backbone(self, anchor_tokens: torch.Tensor, anchor_pos: torch.Tensor, ctx_kv: List[KV],
+                  mask: Optional[torch.Tensor]) -> torch.Tensor:
+        """anchor_tokens/pos [B, C] -> normed hidden [B, C, γ, D] of blocks [x_p, MASK...]."""
+        B, C = anchor_tokens.shape
+        g = self.cfg.gamma
+        ids = anchor_tokens.new_full((B, C, g), self.mask_token_id)
+        ids[..., 0] = anchor_tokens
+        x = self.embed(ids.reshape(B, C * g))
+        if self.in_proj is not None:
+            x = self.in_proj(x)
+        pos = (anchor_pos.clamp(min=0).unsqueeze(-1) + torch.arange(g, device=x.device)).reshape(B, C * g)
+        for layer, kv in zip(self.layers, ctx_kv):
+            x, _ = layer(x, pos, prefix=kv, mask=mask)
+        return self.norm(x).reshape(B, C, g, -1)
+
+    def _block_mask(self, anchors: torch.Tensor, key_valid: torch.Tensor) -> torch.Tensor:
+        """Bool [B, 1, C·γ, T + C·γ]: block c sees context t < p_c (valid) and its own block only."""
+        B, C = anchors.shape
+        g, T = self.cfg.gamma, key_valid.shape[1]
+        t = torch.arange(T, device=anchors.device)
+        ctx = (t.view(1, 1, T) < anchors.unsqueeze(-1)) & key_valid.unsqueeze(1)       # [B, C, T]
+        ctx = ctx.unsqueeze(2).expand(B, C, g, T).reshape(B, C * g, T)
+        blk_id = torch.arange(C, device=anchors.device).repeat_interleave(g)
+        own = (blk_id.unsqueeze(1) == blk_id.unsqueeze(0)).expand(B, -1, -1)            # [B, Cγ, Cγ]
+        return torch.cat([ctx, own], dim=-1).unsqueeze(1)
+
+    def _logits(self, hn: torch.Tensor, prev: torch.Tensor):
+        """Normed hidden [..., γ, D] + teacher tokens x_{k-1} [..., γ] -> (logits [..., γ, V] fp32, conf logits)."""
+        lead = hn.shape[:-2]
+        h2 = hn.reshape(-1, *hn.shape[-2:])
+        p2 = prev.reshape(-1, prev.shape[-1])
+        base = self.lm_logits(self.out_proj(h2) if self.out_proj is not None else h2)
+        e = None
+        if self.head is not None:
+            bias, e = self.head(h2, p2)
+            base = base + bias.float()
+        conf = self.conf_head(h2, e, p2) if self.conf_head is not None else None
+        return base.reshape(*lead, *base.shape[-2:]), (None if conf is None else conf.reshape(*lead, -1))
+
+    # -- training -----------------------------------------------------------------------------
+    def _prepare(self, batch: Dict[str, torch.Tensor]):
+        dev = self.device
+        ids = batch["input_ids"].to(dev)
+        B, T = ids.shape
+        am = batch.get("attention_mask")
+        am = torch.ones_like(ids, dtype=torch.bool) if am is None else am.to(dev).bool()
+        lm = batch.get("loss_mask")
+        lm = am if lm is None else lm.to(dev).bool() & am
+        anchors = batch["anchors"].to(dev).long()
+        g = self.cfg.gamma
+        span = anchors.unsqueeze(-1) + torch.arange(g + 1, device=dev)                 # p .. p+γ
+        lengths = am.sum(1, keepdim=True)
+        valid = (anchors >= 0) & (anchors + g < lengths) & _gather_pos(lm, span).all(-1)
+        ctx_kv = self._context_kv(batch["features"].to(dev), torch.arange(T, device=dev).expand(B, T))
+        return ids, am, anchors, valid, ctx_kv
+
+    def _chunk_loss(self, hn, tgt_hidden, tokens, prev, valid):
+        lc = self.cfg.loss
+        logits, conf = self._logits(hn, prev)
+        with torch.no_grad():
+            tgt_logits = self.lm_logits(tgt_hidden)
+        terms = token_terms(logits, tgt_logits, tokens, conf)
+        per = lc.ce_weight * terms["ce"] + lc.tv_weight * terms["tv"]
+        if conf is not None and lc.conf_weight:
+            per = per + lc.conf_weight * terms["bce"]
+        w = position_weights(self.cfg.gamma, lc.position_decay, hn.device)
+        vm = valid.unsqueeze(-1).expand_as(per)
+        num = (per * w * vm).sum()
+        return num, stat_sums(terms, vm)
+
+    def forward(self, batch: Dict[str, torch.Tensor]) -> Dict[str, object]:
+        ids, am, anchors, valid, ctx_kv = self._prepare(batch)
+        B, N = anchors.shape
+        g = self.cfg.gamma
+        k = torch.arange(g, device=ids.device)
+        pos_prev = anchors.clamp(min=0).unsqueeze(-1) + k                                # p+k-1 for k=1..γ
+        tokens, prev = _gather_pos(ids, pos_prev + 1), _gather_pos(ids, pos_prev)
+        tgt_hidden = _gather_pos(batch["last_hidden"].to(ids.device), pos_prev)
+        w = position_weights(g, self.cfg.loss.position_decay, ids.device)
+        denom = (valid.sum() * w.sum()).clamp(min=1e-8)
+        step = max(1, self.cfg.loss.chunk_size // max(B, 1)) if self.cfg.loss.chunk_size > 0 else N
+        total, stats = None, None
+        for s in range(0, N, step):
+            a = anchors[:, s:s + step]
+            mask = self._block_mask(a, am)
+            hn = self._backbone(_gather_pos(ids, a), a, ctx_kv, mask)
+            num, st = checkpointed(self._chunk_loss, hn, tgt_hidden[:, s:s + step], tokens[:, s:s + step],
+                                   prev[:, s:s + step], valid[:, s:s + step])
+            total = num if total is None else total + num
+            stats = st if stats is None else stats + st
+        if total is None:  # no anchor columns at all
+            total = sum(p.sum() for p in self.parameters()) * 0.0
+            stats = torch.zeros(len(STAT_ROWS), g, device=ids.device)
+        metrics = metrics_from_stats(stats)
+        metrics["blocks"] = float(valid.sum())
+        loss = total / denom
+        metrics["loss"] = float(loss.detach())
+        return {"loss": loss, "metrics": metrics}
+
+    @torch.no_grad()
+    def block_logits(self, batch: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        """Teacher-forced logits of every anchor's block, as in training: logits [B, N, γ, V],
+        confidence logits [B, N, γ] (or None), valid [B, N]."""
+        ids, am, anchors, valid, ctx_kv = self._prepare(batch)
+        pos_prev = anchors.clamp(min=0).unsqueeze(-1) + torch.arange(self.cfg.gamma, device=ids.device)
+        hn = self._backbone(_gather_pos(ids, anchors), anchors, ctx_kv, self._block_mask(anchors, am))
+        logits, conf = self._logits(hn, _gather_pos(ids, pos_prev))
+        return {"logits": logits, "confidence": conf, "valid": valid}
+
+    # -- decoding -------------------------------------------------------------------------------
+    @torch.no_grad()
+    def init_state(self, input_ids: torch.Tensor, features: torch.Tensor) -> DraftState:
+        state = DraftState(tokens=input_ids.new_zeros(0).to(self.device), cache={"ctx_kv": []})
+        return self.advance(state, input_ids, features)
+
+    @torch.no_grad()
+    def advance(self, state: DraftState, tokens: torch.Tensor, features: torch.Tensor) -> DraftState:
+        tokens = tokens.to(self.device).long().reshape(-1)
+        if features.shape[0] != tokens.shape[0]:
+            raise ValueError(f"advance: {tokens.shape[0]} tokens but {features.shape[0]} feature rows")
+        if tokens.numel():
+            L = state.length
+            pos = torch.arange(L, L + tokens.shape[0], device=self.device).unsqueeze(0)
+            new = self._context_kv(features.to(self.device).unsqueeze(0), pos)
+            state.cache["ctx_kv"] = append_kv(state.cache["ctx_kv"], new)
+            state.tokens = torch.cat([state.tokens, tokens])
+        return state
+
+    @torch.no_grad()
+    def propose(self, state: DraftState, anchor: int, gamma: int, warp, generator=None) -> Proposal:
+        if not 1 <= gamma <= self.cfg.gamma:
+            raise ValueError(f"propose: gamma={gamma} outside 1..{self.cfg.gamma} (the trained block size)")
+        dev = self.device
+        p = torch.tensor([[state.length]], device=dev)
+        a = torch.tensor([[int(anchor)]], device=dev)
+        ctx = state.cache["ctx_kv"] or None
+        if ctx is None:  # empty prompt: no context keys
+            ctx = [None] * len(self.layers)
+        hn = self._backbone(a, p, ctx, None)[0, 0, :gamma]                             # [γ, D]
+        base = self.lm_logits(self.out_proj(hn) if self.out_proj is not None else hn)  # [γ, V]
+        if self.head is None and self.conf_head is None:
+            probs = warp(base).float()
+            toks = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+            return Proposal(tokens=toks, probs=probs, confidence=None)
+        toks, probs, confs = [], [], []
+        prev = a.reshape(1)
+        hstate = self.head.init_state(1, hn) if self.head is not None else None
+        for k in range(gamma):
+            logits, e = base[k:k + 1], None
+            if self.head is not None:
+                e = self.head.embed(prev)
+                bias, hstate = self.head.step(hstate, hn[k:k + 1], e)
+                logits = logits + bias.float()
+            if self.conf_head is not None:
+                confs.append(torch.sigmoid(self.conf_head(hn[k:k + 1], e, prev).float()))
+            q = warp(logits).float()
+            prev = torch.multinomial(q, 1, generator=generator).reshape(1)
+            toks.append(prev)
+            probs.append(q)
+        return Proposal(tokens=torch.cat(toks), probs=torch.cat(probs),
+                        confidence=torch.cat(confs) if confs else None)

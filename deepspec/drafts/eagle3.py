@@ -1,0 +1,216 @@
+"""Eagle3: an autoregressive draft layer over target features, trained with training-time test.
+
+Model
+    ``x_i = Linear(concat[RMSNorm(embed(token)); RMSNorm(g_i)])`` -> draft layer(s)
+    -> draft norm -> target LM head (shared, full vocabulary), where ``g = fc(target
+    features)`` when true features exist and ``g = the draft's own last-layer
+    output`` (pre-norm) otherwise.
+
+Pairing (CONTRACTS.md decoding semantics)
+    Position i combines the features of x_i with the embedding of x_{i+1} and
+    predicts x_{i+2}.  After the target prefilled x_0..x_{T-1}, the anchor x_T has
+    no features, so the cache holds entries 0..T-2 and the last features wait
+    (``pending``) until the anchor arrives.  `propose` step 0 is entry T-1
+    (features of x_{T-1}, embedding of the anchor) -> d_1; step k is position
+    T-1+k with the previous step's output and the embedding of d_k -> d_{k+1}.
+
+Training-time test (exact formulation)
+    Every position r is the root of a chain of ``ttt_steps`` steps.  Step j of the
+    chain rooted at r sits at RoPE position r+j, reads token x_{r+1+j}, uses
+    ``g`` = fc(f_r) for j = 0 and the chain's step j-1 output for j >= 1, and
+    predicts x_{r+2+j} (target distribution: last_hidden[r+1+j]).  Its query sees
+    the step-0 keys of positions <= r (the true-feature prefix, as the decoding
+    cache does) and the keys of its own chain's steps 1..j (the speculative
+    entries) — the "diagonal" keys of EAGLE-3's TTT, here with the matching RoPE
+    positions.  Each step is one masked SDPA call over ``[K^0 ; ... ; K^j]``.
+    Loss: soft cross-entropy to the target distribution, step weight
+    ``step_decay**j``, only where x_{r+2+j} is loss-masked and inside the sequence.
+    Eagle3 trains densely on every position and ignores ``batch["anchors"]``.
+    Metrics use k = j+1 (draft position k counted from the anchor x_{r+1}).
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional
+
+import torch
+from torch import nn
+
+from .base import DraftState, Drafter, Proposal, init_linear_weights
+from .context import append_kv
+from .layers import KV, DraftDims, DraftLayer, RMSNorm
+from .losses import checkpointed, metrics_from_stats, stat_sums, step_weights, token_terms
+from .registry import register_drafter
+
+
+@register_drafter("eagle3")
+class Eagle3Drafter(Drafter):
+    def __init__(self, target, cfg):
+        super().__init__(target, cfg)
+        cfg = self.cfg
+        if cfg.num_layers < 1 or cfg.ttt_steps < 1:
+            raise ValueError("eagle3 needs draft.num_layers >= 1 and draft.ttt_steps >= 1")
+        self.dims = dims = DraftDims.from_target(target.config, cfg)
+        D, Ht = dims.hidden_size, self.target_hidden_size
+        self.fc = nn.Linear(self.feature_dim, D, bias=False)
+        self.feat_norm = RMSNorm(D, dims.rms_eps)
+        self.emb_norm = RMSNorm(Ht, dims.rms_eps)
+        self.in_proj = nn.Linear(Ht + D, D, bias=False)
+        self.layers = nn.ModuleList(DraftLayer(dims) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(D, dims.rms_eps)
+        self.out_proj = nn.Linear(D, Ht, bias=False) if D != Ht else None
+        init_linear_weights(self)
+
+    # -- one step over a set of positions ------------------------------------------------------
+    def _features(self, features: torch.Tensor) -> torch.Tensor:
+        if features.is_inference():  # e.g. straight from `target.capture` (inference mode)
+            features = features.clone()
+        return self.fc(features.to(self.device, self.param_dtype))
+
+    def _step(self, tokens: torch.Tensor, g: torch.Tensor, pos: torch.Tensor,
+              prefixes: List[Optional[KV]], mask: Optional[torch.Tensor]):
+        """tokens [B, n], g [B, n, D] -> (last-layer output [B, n, D], per-layer new (k, v))."""
+        x = self.in_proj(torch.cat([self.emb_norm(self.embed(tokens)), self.feat_norm(g)], dim=-1))
+        kvs = []
+        for layer, prefix in zip(self.layers, prefixes):
+            x, kv = layer(x, pos, prefix=prefix, mask=mask)
+            kvs.append(kv)
+        return x, kvs
+
+    def _head_logits(self, h: torch.Tensor) -> torch.Tensor:
+        hn = self.norm(h)
+        return self.lm_logits(self.out_proj(hn) if self.out_proj is not None else hn)
+
+    # -- training -------------------------------------------------------------------------------
+    def _ttt(self, batch: Dict[str, torch.Tensor]):
+        """Yields (step j, last-layer output h [B, T, D]) of every training-time-test step."""
+        dev = self.device
+        ids = batch["input_ids"].to(dev)
+        B, T = ids.shape
+        am = batch.get("attention_mask")
+        am = torch.ones_like(ids, dtype=torch.bool) if am is None else am.to(dev).bool()
+        r = torch.arange(T, device=dev)
+        causal = (r.view(T, 1) >= r.view(1, T)).unsqueeze(0) & am.unsqueeze(1)        # [B, T, T]
+        diag = torch.eye(T, dtype=torch.bool, device=dev).expand(B, T, T)
+        g = self._features(batch["features"])
+        keys: List[List[KV]] = [[] for _ in self.layers]
+        pad = ids.new_full((B, self.cfg.ttt_steps + 1), self.mask_token_id)
+        shifted = torch.cat([ids, pad], dim=1)
+        for j in range(self.cfg.ttt_steps):
+            tok = shifted[:, 1 + j:1 + j + T]                                             # x_{r+1+j}
+            mask = torch.cat([causal] + [diag] * j, dim=-1).unsqueeze(1)                 # [B, 1, T, (j+1)T]
+            prefixes = [None if not ks else (torch.cat([k for k, _ in ks], 2), torch.cat([v for _, v in ks], 2))
+                        for ks in keys]
+            h, kvs = self._step(tok, g, (r + j).expand(B, T), prefixes, mask)
+            for ks, kv in zip(keys, kvs):
+                ks.append(kv)
+            yield j, h
+            g = h
+
+    def _chunk_loss(self, h, tgt_hidden, tokens, valid, weight):
+        logits = self._head_logits(h)
+        with torch.no_grad():
+            tgt_logits = self.lm_logits(tgt_hidden)
+        t = token_terms(logits, tgt_logits, tokens)
+        num = (t["soft_ce"] * valid).sum() * weight
+        return num, torch.stack([t["ce"].detach(), t["tv"].detach(), t["top1"]])
+
+    def forward(self, batch: Dict[str, torch.Tensor]) -> Dict[str, object]:
+        dev = self.device
+        ids = batch["input_ids"].to(dev)
+        B, T = ids.shape
+        am = batch.get("attention_mask")
+        am = torch.ones_like(ids, dtype=torch.bool) if am is None else am.to(dev).bool()
+        lm = batch.get("loss_mask")
+        lm = am if lm is None else lm.to(dev).bool() & am
+        last = batch["last_hidden"].to(dev)
+        S = self.cfg.ttt_steps
+        w = step_weights(S, self.cfg.loss.step_decay)
+        chunk = self.cfg.loss.chunk_size * self.cfg.gamma if self.cfg.loss.chunk_size > 0 else B * T
+        zeros_tok = ids.new_zeros(B, S + 2)
+        ids_ext = torch.cat([ids, zeros_tok], 1)
+        lm_ext = torch.cat([lm, torch.zeros_like(zeros_tok, dtype=torch.bool)], 1)
+        last_ext = torch.cat([last, last.new_zeros(B, S + 2, last.shape[-1])], 1)
+        total, denom, per_step, valids = 0.0, 0.0, [], []
+        for j, h in self._ttt(batch):
+            tokens = ids_ext[:, 2 + j:2 + j + T].reshape(-1)                             # x_{r+2+j}
+            valid = lm_ext[:, 2 + j:2 + j + T].reshape(-1)
+            tgt = last_ext[:, 1 + j:1 + j + T].reshape(B * T, -1)                          # last_hidden[r+1+j]
+            hf = h.reshape(B * T, -1)
+            rows = []
+            for s in range(0, B * T, chunk):
+                num, st = checkpointed(self._chunk_loss, hf[s:s + chunk], tgt[s:s + chunk],
+                                       tokens[s:s + chunk], valid[s:s + chunk].float(), float(w[j]))
+                total = total + num
+                rows.append(st)
+            per_step.append(torch.cat(rows, dim=1))                                       # [3, B*T]
+            valids.append(valid)
+            denom = denom + float(w[j]) * valid.sum()
+        st = torch.stack(per_step, dim=-1)                                                # [3, B*T, S]
+        terms = {"ce": st[0], "tv": st[1], "top1": st[2]}
+        metrics = metrics_from_stats(stat_sums(terms, torch.stack(valids, -1)))
+        loss = total / torch.as_tensor(denom, device=dev).clamp(min=1e-8)
+        metrics["loss"] = float(loss.detach())
+        return {"loss": loss, "metrics": metrics}
+
+    @torch.no_grad()
+    def step_logits(self, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
+        """Teacher-forced logits of every TTT step: [B, S, T, V]; [b, j, r] predicts x_{r+2+j}."""
+        return torch.stack([self._head_logits(h) for _, h in self._ttt(batch)], dim=1)
+
+    # -- decoding -------------------------------------------------------------------------------
+    def _prefixes(self, kv: List[KV]) -> List[Optional[KV]]:
+        return list(kv) if kv else [None] * len(self.layers)
+
+    @torch.no_grad()
+    def init_state(self, input_ids: torch.Tensor, features: torch.Tensor) -> DraftState:
+        if input_ids.numel() < 1:
+            raise ValueError("eagle3 needs at least one prompt token with target features")
+        ids = input_ids.to(self.device).long().reshape(-1)
+        g = self._features(features.unsqueeze(0))
+        state = DraftState(tokens=ids[:1], cache={"kv": [], "pending": g[:, :1]})
+        return self._append(state, ids[1:], g[:, 1:])
+
+    def _append(self, state: DraftState, tokens: torch.Tensor, g_next: torch.Tensor) -> DraftState:
+        """Entries for positions L-1 .. L+n-2 = (pending g, tokens[0]), (g_next[0], tokens[1]), ..."""
+        n = tokens.shape[0]
+        if n == 0:
+            return state
+        L = state.length
+        g = torch.cat([state.cache["pending"], g_next[:, :n - 1]], dim=1)
+        pos = torch.arange(L - 1, L - 1 + n, device=self.device).unsqueeze(0)
+        P = L - 1
+        mask = torch.ones(n, P + n, dtype=torch.bool, device=self.device)
+        mask[:, P:] = torch.tril(mask[:, P:])
+        _, kvs = self._step(tokens.unsqueeze(0), g, pos, self._prefixes(state.cache["kv"]),
+                            mask.view(1, 1, n, P + n))
+        state.cache["kv"] = append_kv(state.cache["kv"], kvs)
+        state.cache["pending"] = g_next[:, n - 1:n]
+        state.tokens = torch.cat([state.tokens, tokens])
+        return state
+
+    @torch.no_grad()
+    def advance(self, state: DraftState, tokens: torch.Tensor, features: torch.Tensor) -> DraftState:
+        tokens = tokens.to(self.device).long().reshape(-1)
+        if features.shape[0] != tokens.shape[0]:
+            raise ValueError(f"advance: {tokens.shape[0]} tokens but {features.shape[0]} feature rows")
+        return self._append(state, tokens, self._features(features.unsqueeze(0)))
+
+    @torch.no_grad()
+    def propose(self, state: DraftState, anchor: int, gamma: int, warp, generator=None) -> Proposal:
+        if gamma < 1:
+            raise ValueError(f"propose: gamma={gamma} must be >= 1")
+        L = state.length
+        kv = list(state.cache["kv"])
+        g = state.cache["pending"]
+        tok = torch.tensor([[int(anchor)]], device=self.device)
+        toks, probs = [], []
+        for k in range(gamma):
+            pos = torch.tensor([[L - 1 + k]], device=self.device)
+            h, new = self._step(tok, g, pos, self._prefixes(kv), None)
+            kv = append_kv(kv, new)
+            q = warp(self._head_logits(h)[0]).float()                                     # [1, V]
+            tok = torch.multinomial(q, 1, generator=generator)
+            toks.append(tok.reshape(1))
+            probs.append(q)
+            g = h
+        return Proposal(tokens=torch.cat(toks), probs=torch.cat(probs), confidence=None)

@@ -1,0 +1,117 @@
+"""DSpark heads on top of the parallel backbone.
+
+Sequential heads add a prefix-dependent bias to the backbone's base logits
+``U_k`` of block position k (k = 1..γ, x_0 = the anchor):
+
+* Markov: ``bias_k = W1[x_{k-1}] · W2`` (W1: V×r embedding, W2: r×V).
+* RNN:    ``z = [s_{k-1}; W1[x_{k-1}]; h_k]``,
+          ``s_k = σ(W_g z) ⊙ s_{k-1} + (1 − σ(W_g z)) ⊙ tanh(W_c z)``,
+          ``bias_k = tanh(W_o z) · W2``; one Linear produces gate/candidate/output, s_0 = 0.
+
+Position k's bias depends on the block only through x_{<k} (and h_k).  In
+training x_{k-1} is the true token (teacher forcing); in decoding it is the token
+just sampled.  Both paths call the same `step`, so they agree exactly.  W2 starts
+at zero, so a fresh head leaves the backbone's logits unchanged.
+
+Confidence head: ``c_k = σ(wᵀ[h_k; W1[x_{k-1}]])`` (returned as a logit; it shares
+W1 with the sequential head, or owns one when there is none).
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+from torch import nn
+
+
+class SequentialHead(nn.Module):
+    """Base: token embedding W1 and output matrix W2; subclasses define `step`."""
+    kind = "none"
+
+    def __init__(self, vocab_size: int, hidden_size: int, rank: int):
+        super().__init__()
+        self.rank = rank
+        self.w1 = nn.Embedding(vocab_size, rank)
+        nn.init.normal_(self.w1.weight, std=rank ** -0.5)
+        self.w2 = nn.Parameter(torch.zeros(rank, vocab_size))
+
+    def init_state(self, n: int, ref: torch.Tensor) -> Optional[torch.Tensor]:
+        return None
+
+    def embed(self, prev: torch.Tensor) -> torch.Tensor:
+        return self.w1(prev)
+
+    def step(self, state, h: torch.Tensor, e: torch.Tensor) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """One position: (state, h_k [R, H], e_k = W1[x_{k-1}] [R, r]) -> (bias [R, V], new state)."""
+        raise NotImplementedError
+
+    def forward(self, h: torch.Tensor, prev: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Teacher-forced: h [R, γ, H], prev = x_{k-1} [R, γ] -> (bias [R, γ, V], e [R, γ, r])."""
+        e = self.embed(prev)
+        state = self.init_state(h.shape[0], h)
+        out = []
+        for k in range(h.shape[1]):
+            b, state = self.step(state, h[:, k], e[:, k])
+            out.append(b)
+        return torch.stack(out, 1), e
+
+
+class MarkovHead(SequentialHead):
+    kind = "markov"
+
+    def step(self, state, h, e):
+        return e @ self.w2.to(e.dtype), None
+
+    def forward(self, h, prev):  # vectorised, identical to looping `step`
+        e = self.embed(prev)
+        return e @ self.w2.to(e.dtype), e
+
+
+class RNNHead(SequentialHead):
+    kind = "rnn"
+
+    def __init__(self, vocab_size: int, hidden_size: int, rank: int):
+        super().__init__(vocab_size, hidden_size, rank)
+        self.cell = nn.Linear(2 * rank + hidden_size, 3 * rank)
+
+    def init_state(self, n, ref):
+        return torch.zeros(n, self.rank, device=ref.device, dtype=ref.dtype)
+
+    def step(self, state, h, e):
+        z = torch.cat([state.to(e.dtype), e, h.to(e.dtype)], dim=-1)
+        g, c, o = self.cell(z).chunk(3, dim=-1)
+        gate = torch.sigmoid(g)
+        new = gate * state + (1 - gate) * torch.tanh(c)
+        out = torch.tanh(o)
+        return out @ self.w2.to(out.dtype), new
+
+
+HEADS = {"markov": MarkovHead, "rnn": RNNHead}
+
+
+def build_sequential_head(kind: str, vocab_size: int, hidden_size: int, rank: int) -> Optional[SequentialHead]:
+    if kind in (None, "", "none"):
+        return None
+    if kind not in HEADS:
+        raise ValueError(f"draft.sequential_head={kind!r}: choose from none, {', '.join(HEADS)}")
+    return HEADS[kind](vocab_size, hidden_size, rank)
+
+
+class ConfidenceHead(nn.Module):
+    """Logit of c_k = σ(wᵀ[h_k; W1[x_{k-1}]]); owns W1 only when no sequential head provides one."""
+
+    def __init__(self, hidden_size: int, rank: int, vocab_size: Optional[int] = None):
+        super().__init__()
+        self.w1 = None
+        if vocab_size is not None:
+            self.w1 = nn.Embedding(vocab_size, rank)
+            nn.init.normal_(self.w1.weight, std=rank ** -0.5)
+        self.proj = nn.Linear(hidden_size + rank, 1)
+
+    def forward(self, h: torch.Tensor, e: Optional[torch.Tensor] = None,
+                prev: Optional[torch.Tensor] = None) -> torch.Tensor:
+        if e is None:
+            if self.w1 is None:
+                raise ValueError("confidence head needs W1[x_{k-1}] from the sequential head")
+            e = self.w1(prev)
+        return self.proj(torch.cat([h.to(e.dtype), e], dim=-1)).squeeze(-1)

@@ -1,0 +1,96 @@
+"""Name -> drafter registry.
+
+``@register_drafter("name", **forced)`` registers a `Drafter` subclass; ``forced``
+are `DraftConfig` fields that the name implies (e.g. "dflash" is the parallel
+backbone with both DSpark heads off).  `build_drafter` applies them, so the
+drafter's own ``cfg`` (and what `save_pretrained` writes) is the effective one.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import logging
+from pathlib import Path
+from typing import Any, Dict, List, Tuple, Type
+
+from .base import CONFIG_NAME, WEIGHTS_NAME, Drafter, check_target, coerce_draft_config
+
+log = logging.getLogger(__name__)
+_REGISTRY: Dict[str, Tuple[Type[Drafter], Dict[str, Any]]] = {}
+_BUILTIN_MODULES = ("deepspec.drafts.dflash", "deepspec.drafts.eagle3")
+
+
+def register_drafter(name: str, **forced_config):
+    """Class decorator: register ``cls`` under ``name`` (config fields in ``forced_config`` are fixed)."""
+    def deco(cls):
+        if not (isinstance(cls, type) and issubclass(cls, Drafter)):
+            raise TypeError(f"@register_drafter({name!r}) needs a Drafter subclass, got {cls!r}")
+        prev = _REGISTRY.get(name)
+        if prev is not None and prev[0].__qualname__ != cls.__qualname__:
+            raise ValueError(f"drafter {name!r} is already registered to {prev[0].__name__}")
+        _REGISTRY[name] = (cls, dict(forced_config))
+        return cls
+    return deco
+
+
+def _ensure_builtins() -> None:
+    for mod in _BUILTIN_MODULES:
+        importlib.import_module(mod)
+
+
+def available_drafters() -> List[str]:
+    _ensure_builtins()
+    return sorted(_REGISTRY)
+
+
+def _lookup(name: str):
+    _ensure_builtins()
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown draft algorithm {name!r}; available: {', '.join(sorted(_REGISTRY))}")
+    return _REGISTRY[name]
+
+
+def effective_config(cfg):
+    """The config a registered name actually builds with (its forced fields applied)."""
+    cfg = coerce_draft_config(cfg)
+    _, forced = _lookup(cfg.algorithm)
+    changed = {k: v for k, v in forced.items() if getattr(cfg, k) != v}
+    if changed:
+        log.info("draft %s: using %s", cfg.algorithm, ", ".join(f"{k}={v!r}" for k, v in changed.items()))
+        cfg = dataclasses.replace(cfg, **changed)
+    return cfg
+
+
+def build_drafter(target, cfg) -> Drafter:
+    """A freshly initialised drafter of ``cfg.algorithm`` for ``target`` (on the target's device)."""
+    cfg = effective_config(cfg)
+    cls, _ = _lookup(cfg.algorithm)
+    return cls.from_target(target, cfg)
+
+
+def read_checkpoint_config(in_dir) -> Dict[str, Any]:
+    path = Path(in_dir) / CONFIG_NAME
+    if not path.is_file():
+        raise FileNotFoundError(f"no draft checkpoint at {in_dir} (missing {CONFIG_NAME})")
+    return json.loads(path.read_text())
+
+
+def load_drafter(in_dir, target, allow_target_mismatch: bool = False) -> Drafter:
+    """Rebuild a drafter saved with `save_pretrained` against ``target`` (checked by fingerprint)."""
+    from safetensors.torch import load_file
+    meta = read_checkpoint_config(in_dir)
+    name = meta.get("architecture")
+    cfg = coerce_draft_config(meta.get("draft") or {})
+    if name and cfg.algorithm != name:
+        cfg = dataclasses.replace(cfg, algorithm=name)
+    if meta.get("mask_token_id") is not None:
+        cfg = dataclasses.replace(cfg, mask_token_id=int(meta["mask_token_id"]))
+    check_target(meta.get("target") or {}, target, allow_target_mismatch, where=str(in_dir))
+    drafter = build_drafter(target, cfg)
+    state = load_file(str(Path(in_dir) / WEIGHTS_NAME), device=str(drafter.device))
+    missing, unexpected = drafter.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise ValueError(f"draft checkpoint {in_dir} does not fit a {name} drafter: "
+                         f"missing {sorted(missing)}, unexpected {sorted(unexpected)}")
+    return drafter
