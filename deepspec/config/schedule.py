@@ -13,6 +13,10 @@ class ScheduleConfig:
     # Cached context length and timed repeats per batch size when profiling SPS(B).
     profile_context_len: int = 256
     profile_repeats: int = 5
+    # requests: B tokens as R requests × (1+γ) tokens over R contexts; flat: one [1, B] batch.
+    profile_mode: str = "requests"
+    # Read the SPS table through the lower convex hull of its step time (scheduler decisions).
+    sps_convex: bool = True
     temperature_grid_min: float = 0.25
     temperature_grid_max: float = 4.0
     temperature_grid_size: int = 64

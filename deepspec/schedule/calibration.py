@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
@@ -55,16 +56,14 @@ def apply_temperatures(conf, temps: Sequence[float]):
         return conf
     if any(t <= 0 for t in temps):
         raise ValueError(f"temperatures must be positive, got {temps}")
-    try:
-        import torch
+    torch = sys.modules.get("torch")  # a tensor input implies torch is imported; never import it here
+    if torch is not None:
         if isinstance(conf, torch.Tensor):
             g = conf.shape[-1]
             tt = torch.tensor(_expand(temps, g), dtype=torch.float32, device=conf.device)
             c = conf.float().clamp(_EPS, 1 - _EPS)
             out = torch.sigmoid(torch.logit(c) / tt)
             return out.to(conf.dtype) if conf.is_floating_point() else out
-    except ImportError:  # pragma: no cover
-        pass
     c = np.asarray(conf, dtype=np.float64)
     g = c.shape[-1]
     return _sigmoid(_logit(c) / np.asarray(_expand(temps, g)))

@@ -52,11 +52,14 @@ def _as_numpy(x) -> np.ndarray:
 
 
 def _step_time_fn(sps: Union[SPSTable, SPSFn], overhead_s: float = 0.0) -> Callable[[np.ndarray], np.ndarray]:
-    f = sps.sps if isinstance(sps, SPSTable) else sps
+    if isinstance(sps, SPSTable):
+        def step_time(b):
+            return np.asarray(sps.step_time(np.asarray(b, dtype=np.float64)), dtype=np.float64) + overhead_s
+        return step_time
 
-    def step_time(b):
-        return 1.0 / np.asarray(f(np.asarray(b, dtype=np.float64)), dtype=np.float64) + overhead_s
-    return step_time
+    def step_time_fn(b):
+        return 1.0 / np.asarray(sps(np.asarray(b, dtype=np.float64)), dtype=np.float64) + overhead_s
+    return step_time_fn
 
 
 @dataclass
@@ -215,12 +218,12 @@ class PrefixSchedulerPolicy(_CalibratedPolicy):
     """The prefix scheduler (Alg. 1) under an SPS(B) cost table."""
 
     def __init__(self, sps_table: Union[SPSTable, SPSFn], calibration: Optional[Calibration] = None,
-                 overhead_s: float = 0.0, max_batch_tokens: Optional[int] = None):
+                 overhead_s: float = 0.0, max_batch_tokens: Optional[int] = None, name: str = "scheduler"):
         super().__init__(calibration)
         self.sps_table = sps_table
         self.overhead_s = float(overhead_s)
         self.max_batch_tokens = max_batch_tokens
-        self.name = "scheduler"
+        self.name = name
         self.last: Optional[ScheduleResult] = None
 
     def lengths(self, confidences) -> List[int]:
@@ -256,7 +259,8 @@ def policy_from_config(cfg, target=None, calibration: Optional[Calibration] = No
 
     ``schedule.policy``: "fixed" (default; but if ``eval.confidence_threshold`` is set it
     means "threshold"), "threshold" (``schedule.threshold`` or ``eval.confidence_threshold``)
-    or "scheduler" (``schedule.sps_table`` or a profile of ``target``).  Calibration:
+    or "scheduler" (``schedule.sps_table`` or a profile of ``target``; read through its
+    convex hull when ``schedule.sps_convex``).  Calibration:
     the given one, else ``schedule.calibration`` (a JSON path), else
     ``{eval.checkpoint}/calibration.json`` if present, else none (raw confidences).
     """
@@ -270,5 +274,7 @@ def policy_from_config(cfg, target=None, calibration: Optional[Calibration] = No
     if calibration is None:
         calibration = Calibration.load(sc.calibration) if sc.calibration else find_calibration(cfg.eval.checkpoint)
     table = load_sps_table(cfg, target) if kind == "scheduler" else None
+    if table is not None and sc.sps_convex:
+        table = table.convexified()
     return make_policy(kind, calibration=calibration, threshold=thr, sps_table=table,
                        overhead_s=sc.draft_overhead_s, max_batch_tokens=sc.max_batch_tokens)

@@ -10,12 +10,19 @@ Cost table JSON (``SPSTable.save``)::
     {"device": "NVIDIA H100 80GB HBM3", "target": "qwen3_8b", "batch_tokens": [1, 2, 4, ...],
      "steps_per_second": [71.3, 71.0, 70.8, ...], "meta": {...}}
 
-Interpolation (`SPSTable.sps`): piecewise linear in B between measured points, after a
-running minimum that makes the curve non-increasing (measurement noise could otherwise
-create bumps the greedy scheduler would chase).  Below the smallest measured B the first
-value is used (SPS cannot be lower for a smaller batch, so this is conservative); above the
-largest, constant tokens/s is assumed, SPS(B) = SPS(B_max)·B_max/B (the compute-bound
-regime; conservative if the device was still memory-bound at B_max).
+Interpolation (`SPSTable.sps`): the step time 1/SPS is interpolated piecewise linearly in B
+between measured points (time is close to affine in B within each regime), after a running
+maximum that makes it non-decreasing (measurement noise could otherwise create bumps the
+greedy scheduler would chase).  Below the smallest measured B the first value is used (a
+smaller batch is not slower, so this is conservative); above the largest, time grows
+linearly with slope max(t_max/B_max, last segment slope) — at least constant tokens/s, the
+compute-bound regime, conservative if the device was still memory-bound at B_max.
+
+``convex=True`` (`SPSTable.convexified()`) replaces the step-time curve by its lower convex
+hull.  With a convex non-decreasing step time and τ concave along the scheduler's admission
+order, Θ = τ/t(B) is unimodal along that order, so the greedy stop of the prefix scheduler
+is the optimum over all length vectors.  Raw CPU measurements under load are often
+non-convex (e.g. a cache cliff); use the convexified table for decisions.
 """
 from __future__ import annotations
 
@@ -39,6 +46,7 @@ class SPSTable:
     device: str = "unknown"
     target: str = "unknown"
     meta: Dict[str, Any] = field(default_factory=dict)
+    convex: bool = False
 
     def __post_init__(self):
         if len(self.batch_tokens) != len(self.steps_per_second) or not self.batch_tokens:
@@ -50,26 +58,36 @@ class SPSTable:
             raise ValueError(f"SPS table: duplicate batch sizes in {self.batch_tokens}")
         if any(b < 1 for b in self.batch_tokens) or any(not s > 0 for s in self.steps_per_second):
             raise ValueError("SPS table: batch sizes must be ≥ 1 and steps/s > 0")
-        self._x = np.asarray(self.batch_tokens, dtype=np.float64)
-        self._y = np.minimum.accumulate(np.asarray(self.steps_per_second, dtype=np.float64))
+        x = np.asarray(self.batch_tokens, dtype=np.float64)
+        t = np.maximum.accumulate(1.0 / np.asarray(self.steps_per_second, dtype=np.float64))
+        if self.convex:
+            t = _lower_hull(x, t)
+        self._x, self._t = x, t
+        last = (t[-1] - t[-2]) / (x[-1] - x[-2]) if x.size > 1 else 0.0
+        self._slope = max(t[-1] / x[-1], last)
 
     # -- lookup ------------------------------------------------------------------------
-    def sps(self, batch_tokens):
-        """SPS at B tokens (scalar → float, array → array)."""
+    def step_time(self, batch_tokens):
+        """Seconds per target forward of B tokens (scalar → float, array → array)."""
         b = np.asarray(batch_tokens, dtype=np.float64)
-        x, y = self._x, self._y
-        out = np.interp(b, x, y)  # clamps to y[0] below x[0]
+        x, t = self._x, self._t
+        out = np.interp(b, x, t)  # clamps to t[0] below x[0]
         above = b > x[-1]
         if np.any(above):
-            out = np.where(above, y[-1] * x[-1] / np.maximum(b, 1e-9), out)
-        return float(out) if out.ndim == 0 else out
+            out = np.where(above, t[-1] + self._slope * (b - x[-1]), out)
+        return float(out) if np.ndim(out) == 0 else out
+
+    def sps(self, batch_tokens):
+        """SPS at B tokens (scalar → float, array → array)."""
+        t = self.step_time(batch_tokens)
+        return 1.0 / t if np.ndim(t) == 0 else 1.0 / np.asarray(t)
 
     __call__ = sps
 
-    def step_time(self, batch_tokens):
-        """Seconds per target forward of B tokens (1 / SPS)."""
-        s = self.sps(batch_tokens)
-        return 1.0 / s
+    def convexified(self) -> "SPSTable":
+        """The same measurements read through the lower convex hull of the step time."""
+        return SPSTable(list(self.batch_tokens), list(self.steps_per_second), self.device, self.target,
+                        dict(self.meta), convex=True)
 
     def tokens_per_second(self, batch_tokens):
         return np.asarray(batch_tokens, dtype=np.float64) * self.sps(batch_tokens)
@@ -78,7 +96,7 @@ class SPSTable:
     def to_json(self) -> Dict[str, Any]:
         d = asdict(self)
         return {"device": d["device"], "target": d["target"], "batch_tokens": d["batch_tokens"],
-                "steps_per_second": d["steps_per_second"], "meta": d["meta"]}
+                "steps_per_second": d["steps_per_second"], "convex": d["convex"], "meta": d["meta"]}
 
     def save(self, path: str | os.PathLike) -> Path:
         p = Path(path)
@@ -93,7 +111,7 @@ class SPSTable:
         return cls(batch_tokens=[int(b) for b in d["batch_tokens"]],
                    steps_per_second=[float(s) for s in d["steps_per_second"]],
                    device=str(d.get("device", "unknown")), target=str(d.get("target", "unknown")),
-                   meta=dict(d.get("meta") or {}))
+                   meta=dict(d.get("meta") or {}), convex=bool(d.get("convex", False)))
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "SPSTable":
@@ -101,6 +119,21 @@ class SPSTable:
             return cls.from_json(json.loads(Path(path).read_text()))
         except (KeyError, ValueError, TypeError) as e:
             raise ValueError(f"{path}: not a valid SPS table: {e}") from e
+
+
+def _lower_hull(x: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Values at x of the greatest convex minorant of the points (x, t) (monotone chain)."""
+    hull: List[int] = []
+    for i in range(x.size):
+        while len(hull) >= 2:
+            a, b = hull[-2], hull[-1]
+            # drop b if it lies on or above the segment a→i
+            if (t[b] - t[a]) * (x[i] - x[a]) >= (t[i] - t[a]) * (x[b] - x[a]):
+                hull.pop()
+            else:
+                break
+        hull.append(i)
+    return np.interp(x, x[hull], t[hull])
 
 
 def synthetic_gpu_table(base_sps: float = 80.0, knee_tokens: float = 256.0, sharpness: float = 4.0,
@@ -120,7 +153,7 @@ def synthetic_gpu_table(base_sps: float = 80.0, knee_tokens: float = 256.0, shar
 
 def constant_table(sps: float = 1.0) -> SPSTable:
     """SPS independent of B (then the best policy verifies everything)."""
-    return SPSTable(batch_tokens=[1], steps_per_second=[sps], device="constant", target="none",
+    return SPSTable(batch_tokens=[1, 1 << 30], steps_per_second=[sps, sps], device="constant", target="none",
                     meta={"synthetic": True})
 
 
@@ -149,20 +182,20 @@ def _rollback(cache, length: int) -> None:
 
 
 def profile_sps(target, batch_sizes: Sequence[int], context_len: int = 256, repeats: int = 5,
-                mode: str = "flat", tokens_per_request: int = 8, warmup: int = 1,
+                mode: str = "requests", tokens_per_request: int = 8, warmup: int = 1,
                 seed: int = 0) -> SPSTable:
     """Measure SPS(B) of ``target.decode`` on the target's device.
 
-    mode="flat" (default): one sequence with ``context_len`` cached tokens; a step is
-    ``target.decode`` of B new tokens as ``[1, B]`` on top of that cache, which is then
-    cropped back.  This times the cost of B new tokens (weights read once, B token rows of
-    compute) and is what the scheduler's B means; attention over several requests' KV is
-    approximated by one shared context.
+    mode="requests" (default, what serving does): B tokens as R requests × (1+ℓ) tokens,
+    1+ℓ = min(tokens_per_request, B) and R = ceil(B / (1+ℓ)); a step is ``target.decode`` of
+    ``[R, 1+ℓ]`` new tokens over R cached contexts of ``context_len`` tokens each (prefilled
+    untimed, cropped back after every step).  Attention work is linear in B, as in a real
+    verification batch; memory is R·context_len KV entries.  The table records the actual
+    R·(1+ℓ) tokens.
 
-    mode="requests": B tokens as R = ceil(B / tokens_per_request) requests × (1+ℓ) =
-    ``tokens_per_request`` tokens, input ``[R, 1+ℓ]`` over R cached contexts of
-    ``context_len`` each (closer to serving, costs R·context_len KV memory); the table
-    records the actual R·(1+ℓ) tokens.
+    mode="flat": one sequence with ``context_len`` cached tokens and B new tokens as
+    ``[1, B]``.  Cheaper (one context), but the B new tokens attend to each other causally,
+    so attention grows as B² — an overestimate for large B on small models.
 
     SPS = 1 / median over ``repeats`` timed steps (after ``warmup`` untimed ones); the
     prefill of the context is not timed.
@@ -188,7 +221,7 @@ def profile_sps(target, batch_sizes: Sequence[int], context_len: int = 256, repe
             shape, base = (1, B), context_len
             step_cache = cache
         else:
-            t = max(1, int(tokens_per_request))
+            t = max(1, min(int(tokens_per_request), B))
             R = math.ceil(B / t)
             shape, base = (R, t), context_len
             step_cache = target.decode(rand((R, context_len))).past_key_values if context_len > 0 else None
@@ -232,4 +265,4 @@ def load_sps_table(cfg, target=None) -> SPSTable:
     if target is None:
         raise ValueError("schedule.sps_table is not set and no target was given to profile")
     return profile_sps(target, sc.profile_batch_sizes, context_len=sc.profile_context_len,
-                       repeats=sc.profile_repeats)
+                       repeats=sc.profile_repeats, mode=sc.profile_mode)
