@@ -24,3 +24,7 @@ class EvalConfig:
     measure_baseline: bool = True
     seed: int = 0
     out_dir: Optional[str] = None
+    # One short untimed generation before measuring (kernels, allocator, caches).
+    warmup: bool = True
+    # tqdm progress bar over requests.
+    progress: bool = True

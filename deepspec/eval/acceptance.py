@@ -46,6 +46,8 @@ def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """``norm(max(p − q, 0))``; falls back to ``p`` when the residual has no mass."""
     r = torch.clamp(p.float() - q.float(), min=0.0)
     s = r.sum(dim=-1, keepdim=True)
+    if r.dim() == 1 and r.device.type == "cpu":   # the common single-row case: avoid extra kernels
+        return r / s if float(s) > 1e-12 else p.float()
     return torch.where(s > 1e-12, r / s.clamp_min(1e-30), p.float())
 
 
@@ -75,21 +77,20 @@ def verify_sampling(draft_tokens, draft_probs: torch.Tensor, target_probs: torch
     g = len(draft)
     if target_probs.shape[0] < g + 1:
         raise ValueError(f"need {g + 1} target rows for {g} draft tokens, got {target_probs.shape[0]}")
-    p = target_probs.float()
+    p = target_probs if target_probs.dtype == torch.float32 else target_probs.float()
     if g == 0:
         tok = torch.multinomial(p[0], 1, generator=generator)
         return Verification(accepted=0, next_token=int(tok.item()), draft=())
     if draft_probs.shape[0] < g:
         raise ValueError(f"need {g} draft distributions, got {draft_probs.shape[0]}")
-    q = draft_probs[:g].to(p.device).float()
-    idx = torch.tensor(draft, device=p.device, dtype=torch.long)
-    rows = torch.arange(g, device=p.device)
-    px, qx = p[rows, idx], q[rows, idx]
+    q = draft_probs[:g].to(device=p.device, dtype=torch.float32)
+    idx = torch.tensor(draft, device=p.device, dtype=torch.long)[:, None]
+    # one transfer: p_k(x_k), q_k(x_k) and the uniforms
     u = torch.rand(g, generator=generator, device=p.device)
-    # accept with probability min(1, p/q): u < p/q  <=>  u*q < p (no division; q=0, p>0 accepts)
-    ok = (u * qx < px).tolist()
+    px, qx, uu = torch.stack([p[:g].gather(1, idx)[:, 0], q.gather(1, idx)[:, 0], u]).tolist()
+    # accept with probability min(1, p/q): u < p/q  <=>  u*q < p (q = 0 < p accepts, p = q = 0 rejects)
     n = 0
-    while n < g and ok[n]:
+    while n < g and uu[n] * qx[n] < px[n]:
         n += 1
     dist = p[g] if n == g else residual_distribution(p[n], q[n])
     tok = torch.multinomial(dist, 1, generator=generator)
