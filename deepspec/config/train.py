@@ -33,3 +33,24 @@ class TrainConfig:
     wandb_project: str = "deepspec"
     tensorboard: bool = True
     num_workers: int = 0
+    # --- added by the trainer (issue 6) ---
+    eps: float = 1e-8
+    # Resume automatically from the latest complete checkpoint under {run_dir}/checkpoints.
+    resume: bool = True
+    # Online mode: dtype the target features are cast to — bfloat16 (what the cache stores,
+    # so cached and online runs see the same inputs) | native (the target's own dtype).
+    online_feature_dtype: str = "bfloat16"
+    # Sort each global batch by length before cutting micro-batches (less padding).
+    group_by_length: bool = True
+    pad_to_multiple_of: int = 1
+    # Held-out sequences scored at each eval (None = all of the held-out split).
+    eval_max_sequences: Optional[int] = 256
+    # torch.distributed backend (None = nccl on GPU, gloo on CPU) and collective timeout.
+    dist_backend: Optional[str] = None
+    dist_timeout_s: int = 1800
+    ddp_find_unused_parameters: bool = False
+    # Check at every log step that the trainable parameters are identical on all ranks
+    # (debugging / tests; one all-reduce of a checksum).
+    verify_sync: bool = False
+    wandb_entity: Optional[str] = None
+    wandb_run_name: Optional[str] = None

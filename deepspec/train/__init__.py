@@ -1,0 +1,18 @@
+"""`deepspec train`: distributed, resumable training of any registered drafter.
+
+    from deepspec.train import run
+    final_checkpoint_dir = run(cfg)          # cfg: DeepSpecConfig (or `deepspec train key=value ...`)
+
+Modules: `anchors` (valid anchor positions, seeded sampling), `data` (cache / online sources,
+world-size independent batch plan, collate), `optim` (AdamW, warmup + cosine), `strategies`
+(single / DDP / FSDP2 / DeepSpeed ZeRO-1/2), `checkpoint` (atomic, pickle-free), `logging`
+(tqdm, metrics.jsonl, TensorBoard, wandb), `loop` (the loop itself).
+"""
+
+
+def run(cfg):
+    from .loop import run as _run
+    return _run(cfg)
+
+
+__all__ = ["run"]
