@@ -144,6 +144,9 @@ class OpenAIEngine(Engine):
                 except requests.RequestException as e:
                     why = f"unreachable: {type(e).__name__}"
                     break  # unreachable: the other path will not answer either
+                if r.status_code in (401, 403):
+                    why = f"API key rejected (HTTP {r.status_code} on {path}; see engine.api_key_env)"
+                    break
                 if r.status_code == 200:
                     ok = True
                     if path == "/v1/models":

@@ -6,7 +6,8 @@ threads validate and enqueue; one worker thread owns the model and batches the
 queued requests into `HFEngine.generate` calls (dynamic batching).
 
 Binds 127.0.0.1 unless told otherwise; any other host needs ``--allow-remote``
-and prints a warning (there is no authentication).  Bodies are size-limited and
+and prints a warning.  ``--api-key-env NAME`` requires ``Authorization: Bearer``
+with that variable's value (no authentication otherwise).  Bodies are size-limited and
 validated: bad JSON, wrong types or absurd values get a 4xx JSON error, never a
 crash.  A request's ``seed`` is used as that sample's own seed, so
 ``seed=sample_seed(s, key)`` reproduces the embedded engine's output exactly.
@@ -18,7 +19,9 @@ error files can be exercised against a real server.
 from __future__ import annotations
 
 import argparse
+import hmac
 import ipaddress
+import os
 import json
 import logging
 import math
@@ -209,8 +212,10 @@ class ChatServer(ThreadingHTTPServer):
 
     def __init__(self, addr, engine: Engine, *, model_name: str = "deepspec", max_body_bytes: int = DEFAULT_MAX_BODY,
                  max_tokens_limit: int = 8192, default_max_tokens: int = 1024, max_batch: int = 16,
-                 batch_wait_s: float = 0.005, request_timeout_s: float = 3600.0, faults: Optional[Faults] = None):
+                 batch_wait_s: float = 0.005, request_timeout_s: float = 3600.0, faults: Optional[Faults] = None,
+                 api_key: Optional[str] = None):
         super().__init__(addr, _Handler)
+        self._api_key = api_key
         self.engine = engine
         self.model_name = model_name
         self.max_body_bytes = max_body_bytes
@@ -248,11 +253,23 @@ class _Handler(BaseHTTPRequestHandler):
         etype = "invalid_request_error" if status < 500 else "server_error"
         self._send(status, {"error": {"message": message, "type": etype, "code": code}}, close=close)
 
+    def _authorized(self) -> bool:
+        key = self.server._api_key
+        if not key:
+            return True
+        got = self.headers.get("Authorization") or ""
+        if hmac.compare_digest(got.encode(), f"Bearer {key}".encode()):
+            return True
+        self._error(401, "missing or wrong API key", code="unauthorized", close=True)
+        return False
+
     def do_GET(self):
         try:
             path = self.path.split("?", 1)[0].rstrip("/")
             if path == "/health":
                 self._send(200, {"status": "ok"})
+            elif not self._authorized():
+                return
             elif path == "/v1/models":
                 self._send(200, {"object": "list", "data": [{"id": self.server.model_name, "object": "model",
                                                               "created": self.server.created,
@@ -302,6 +319,8 @@ class _Handler(BaseHTTPRequestHandler):
         if path not in ("/v1/chat/completions", "/chat/completions"):
             # do not read an unknown body: answer and close the connection
             return self._error(404, f"no route POST {path}", code="not_found", close=True)
+        if not self._authorized():
+            return
         try:
             raw = self._read_body()
         except BadRequest as e:
@@ -392,15 +411,23 @@ def main(argv=None) -> int:
     p.add_argument("--max-tokens-limit", type=int, default=8192, help="largest max_tokens a request may ask")
     p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY)
     p.add_argument("--batch-wait-ms", type=float, default=5.0, help="how long to gather a batch")
+    p.add_argument("--api-key-env", default=None, metavar="NAME",
+                   help="require 'Authorization: Bearer $NAME' on every request but /health")
     p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. target=qwen3_8b engine.batch_size=32")
     args = p.parse_args(argv)
+    api_key = None
+    if args.api_key_env:
+        api_key = os.environ.get(args.api_key_env)
+        if not api_key:
+            print(f"deepspec serve: --api-key-env {args.api_key_env}: the variable is not set", file=sys.stderr)
+            return 2
     if not is_loopback(args.host):
         if not args.allow_remote:
             print(f"deepspec serve: refusing to bind {args.host!r}: it is not a loopback address and the server "
                   "has no authentication; pass --allow-remote to do it anyway", file=sys.stderr)
             return 2
-        print(f"WARNING: deepspec serve is binding {args.host}:{args.port}, reachable from other machines, "
-              "with no authentication", file=sys.stderr)
+        print(f"WARNING: deepspec serve is binding {args.host}:{args.port}, reachable from other machines"
+              + ("" if api_key else ", with no authentication (see --api-key-env)"), file=sys.stderr)
     from ..config import ConfigError, load_config
     try:
         cfg = load_config(args.overrides)
@@ -412,7 +439,7 @@ def main(argv=None) -> int:
     server = ChatServer((args.host, args.port), engine, model_name=args.model_name or cfg.target.name,
                         max_body_bytes=args.max_body_bytes, max_tokens_limit=args.max_tokens_limit,
                         default_max_tokens=cfg.engine.max_new_tokens, max_batch=cfg.engine.batch_size,
-                        batch_wait_s=args.batch_wait_ms / 1000.0)
+                        batch_wait_s=args.batch_wait_ms / 1000.0, api_key=api_key)
     print(f"deepspec serve: {cfg.target.path} on http://{args.host}:{server.server_address[1]}/v1 "
           f"(model id {server.model_name!r})", flush=True)
     try:

@@ -1,0 +1,99 @@
+"""The embedded transformers engine on tiny random targets."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from deepspec.engines.base import GenerationError, SamplingParams
+from deepspec.engines.hf import HFEngine
+
+torch.set_num_threads(1)
+
+
+def _prompts(n):
+    return [[{"role": "user", "content": f"hello number {i}" + " tell me more" * (i % 4)}] for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def llama():
+    from deepspec.targets.tiny import build_tiny
+    model, tok = build_tiny("llama")
+    return model.float(), tok
+
+
+def test_greedy_batched_equals_one_by_one(llama):
+    eng = HFEngine(*llama, batch_size=4)
+    sp = SamplingParams(max_new_tokens=10, temperature=0.0)
+    P = _prompts(6)
+    batched = eng.generate(P, sp)
+    single = [HFEngine(*llama, batch_size=1).generate([p], sp)[0] for p in P]
+    assert batched == single
+    assert all(r.num_tokens == 10 and r.finish_reason == "length" and r.prompt_tokens > 0 for r in batched)
+
+
+def test_sampling_independent_of_batch_composition(llama):
+    sp = SamplingParams(max_new_tokens=12, temperature=1.0, top_p=0.95, top_k=50, seed=5)
+    P, keys = _prompts(7), [f"s{i}" for i in range(7)]
+    a = HFEngine(*llama, batch_size=3).generate(P, sp, keys=keys)
+    order = [6, 2, 4, 0, 1, 5, 3]
+    b = HFEngine(*llama, batch_size=2).generate([P[i] for i in order], sp, keys=[keys[i] for i in order])
+    assert [b[order.index(i)] for i in range(7)] == a
+    assert HFEngine(*llama, batch_size=7).generate(P, sp, keys=keys) == a
+    # another seed or another key gives another sample
+    c = HFEngine(*llama, batch_size=3).generate(P, SamplingParams(max_new_tokens=12, temperature=1.0, seed=6), keys=keys)
+    assert c != a
+    d = HFEngine(*llama, batch_size=3).generate(P[:1] * 2, sp, keys=["k1", "k2"])
+    assert d[0] != d[1]
+
+
+def test_stops_at_eos(llama):
+    model, tok = llama
+    sp = SamplingParams(max_new_tokens=8, temperature=0.0)
+    P = _prompts(2)
+    eng = HFEngine(model, tok)
+    # declare the first greedy token of prompt 0 to be an end-of-sequence token
+    with torch.no_grad():
+        tok0 = int(model(torch.tensor([eng.encode(P[0])])).logits[0, -1].argmax())
+    eng2 = HFEngine(model, tok, eos_token_ids=[tok0])
+    r = eng2.generate(P[:1], sp)[0]
+    assert r == "" and r.finish_reason == "stop" and r.num_tokens == 1
+    assert eng.eos_token_ids == sorted({tok.eos_token_id})
+
+
+def test_prompt_too_long_is_per_sample(llama):
+    eng = HFEngine(*llama, batch_size=4, max_prompt_tokens=40)
+    P = [[{"role": "user", "content": "hi"}], [{"role": "user", "content": "word " * 100}]]
+    ok, bad = eng.generate(P, SamplingParams(max_new_tokens=4, temperature=0.0))
+    assert isinstance(ok, str) and ok.num_tokens == 4
+    assert isinstance(bad, GenerationError) and bad.code == "prompt_too_long" and not bad.retryable
+
+
+def test_template_error_is_per_sample(llama):
+    eng = HFEngine(*llama)
+    out = eng.generate([[{"role": "user", "content": "hi"}], [{"role": "user", "content": None}]],
+                       SamplingParams(max_new_tokens=2, temperature=0.0))
+    assert isinstance(out[0], str) and out[0].num_tokens == 2
+    assert isinstance(out[1], GenerationError) and out[1].code == "bad_request"
+
+
+def test_thinking_switch_via_template_kwargs():
+    from deepspec.targets.tiny import build_tiny
+    model, tok = build_tiny("qwen3")
+    msgs = [{"role": "user", "content": "hi"}]
+    off = HFEngine(model, tok, chat_template_kwargs={"enable_thinking": False})
+    on = HFEngine(model, tok, chat_template_kwargs={"enable_thinking": True})
+    assert "<think>" in tok.decode(off.encode(msgs)) and "<think>" not in tok.decode(on.encode(msgs))
+    r = off.generate([msgs], SamplingParams(max_new_tokens=3, temperature=0.0))[0]
+    assert isinstance(r, str)
+
+
+def test_from_config_tiny_target():
+    from deepspec.config import load_config
+    cfg = load_config(["target.path=tiny:qwen3", "target.enable_thinking=false", "target.dtype=float32",
+                       "engine.batch_size=3", "engine.max_prompt_tokens=64"])
+    eng = HFEngine.from_config(cfg, device="cpu")
+    assert eng.batch_size == 3 and eng.max_prompt_tokens == 64
+    assert eng.chat_template_kwargs == {"enable_thinking": False}
+    assert eng.describe()["engine"] == "hf" and eng.parallelism == 3
+    out = eng.generate(_prompts(2), SamplingParams(max_new_tokens=3, temperature=0.7), keys=["a", "b"])
+    assert all(isinstance(o, str) for o in out)
