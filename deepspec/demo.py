@@ -24,13 +24,21 @@ def _banner(text: str) -> None:
     print(f"\n=== {text} ===", flush=True)
 
 
+def _f(x, fmt=".3f") -> str:
+    return "n/a" if x is None or (isinstance(x, float) and x != x) else format(x, fmt)
+
+
 def tau_table(results: dict) -> str:
+    """Markdown τ table from an eval `results.json` (per benchmark, per domain, overall)."""
     rows = ["| benchmark | domain | τ | rounds | tokens | speedup |", "|---|---|---|---|---|---|"]
     for name, b in sorted(results.get("benchmarks", {}).items()):
-        rows.append(f"| {name} | {b.get('domain', '')} | {b.get('tau', float('nan')):.3f} | {b.get('rounds', 0)} | "
-                    f"{b.get('generated_tokens', b.get('tokens', 0))} | {b.get('speedup', float('nan')):.2f}× |")
+        m = b.get("all_turns", b)
+        rows.append(f"| {name} | {b.get('domain', '')} | {_f(m.get('tau'))} | {m.get('rounds', 0)} | "
+                    f"{m.get('generated_tokens', 0)} | {_f(m.get('speedup'), '.2f')}× |")
     for dom, d in sorted(results.get("domains", {}).items()):
-        rows.append(f"| *{dom} (macro)* | {dom} | {d.get('tau', float('nan')):.3f} | | | |")
+        rows.append(f"| *{dom} (macro)* | {dom} | {_f(d.get('tau'))} | | | |")
+    ov = results.get("overall", {})
+    rows.append(f"| **overall (macro)** | | {_f(ov.get('tau'))} | | | {_f(results.get('speed', {}).get('speedup'), '.2f')}× |")
     return "\n".join(rows)
 
 
