@@ -117,6 +117,7 @@ class Drafter(nn.Module):
         self.feature_dim = int(target.feature_dim)
         self.layer_ids = list(target.layer_ids)
         self.mask_token_id = resolve_mask_token_id(self.cfg, target.tokenizer)
+        self.cfg.mask_token_id = self.mask_token_id   # the effective config is what gets saved
 
     @property
     def target(self):

@@ -1,0 +1,132 @@
+"""Eagle3: shapes, frozen target, exact training-time-test masking, decoding == training."""
+import pytest
+import torch
+
+from deepspec.config.draft import DraftConfig, LossConfig
+from deepspec.drafts import build_drafter
+
+S = 3
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny tensors: extra intra-op threads only spin on a shared 2-core machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def make_eagle(target, seed=0, **kw):
+    torch.manual_seed(seed)
+    return build_drafter(target, DraftConfig(algorithm="eagle3", gamma=S, ttt_steps=S, **kw))
+
+
+def make_batch(target, ids):
+    ids = ids.reshape(1, -1) if ids.dim() == 1 else ids
+    B, T = ids.shape
+    cap = target.capture(ids)
+    return {"input_ids": ids, "loss_mask": torch.ones(B, T, dtype=torch.bool),
+            "attention_mask": torch.ones(B, T, dtype=torch.bool), "features": cap.features.clone(),
+            "last_hidden": cap.last_hidden.clone(), "anchors": torch.full((B, 1), -1)}
+
+
+def random_ids(target, n, seed=0):
+    return torch.randint(0, target.vocab_size, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+def test_forward_shapes_and_frozen_target(tiny_target):
+    t = tiny_target
+    d = make_eagle(t, num_layers=1)
+    ids = torch.stack([random_ids(t, 14, 1), random_ids(t, 14, 2)])
+    batch = make_batch(t, ids)
+    batch["loss_mask"][:, :4] = False                 # prompt: no loss
+    batch["attention_mask"][1, 11:] = False            # padding
+    batch["loss_mask"][1, 11:] = False
+    out = d(batch)
+    m = out["metrics"]
+    # step j at root r predicts x_{r+2+j}: counted where that token is loss-masked
+    lm = batch["loss_mask"]
+    want = sum(int(lm[:, 2 + j:].sum()) for j in range(S))
+    assert m["positions"] == want
+    assert all(f"accept_rate/{k}" in m and f"top1/{k}" in m for k in range(1, S + 1))
+    assert 1.0 <= m["expected_tau"] <= S + 1 and torch.isfinite(out["loss"])
+    out["loss"].backward()
+    target_ptrs = {p.data_ptr() for p in t.model.parameters()}
+    assert not any(p.data_ptr() in target_ptrs for p in d.parameters())
+    assert set(d.state_dict()) == {n for n, _ in d.named_parameters()}
+    assert all(p.grad is None for p in t.model.parameters())
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in d.parameters())
+    logits = d.step_logits(batch)
+    assert logits.shape == (2, S, 14, t.vocab_size) and logits.dtype == torch.float32
+
+
+def test_training_time_test_dependencies(tiny_qwen3):
+    """Step j at root r sees features <= r and tokens x_1..x_{r+1+j}, nothing later."""
+    t = tiny_qwen3
+    d = make_eagle(t, num_layers=2)
+    r = 6
+    batch = make_batch(t, random_ids(t, 16))
+    base = d.step_logits(batch)[0, :, r]
+
+    def changed(b):
+        return ((d.step_logits(b)[0, :, r] - base).abs().amax(-1) > 1e-5).tolist()
+
+    b = {k: v.clone() for k, v in batch.items()}
+    b["features"][:, r + 1:] += torch.randn_like(b["features"][:, r + 1:])
+    assert changed(b) == [False] * S                   # later steps use the draft's own hidden, not f_{>r}
+    b = {k: v.clone() for k, v in batch.items()}
+    b["features"][:, r] += 1.0
+    assert changed(b) == [True] * S
+    b = {k: v.clone() for k, v in batch.items()}
+    b["features"][:, 0] += 1.0                          # earlier context: attended by every step
+    assert changed(b) == [True] * S
+    for m in range(S + 1):                              # token x_{r+1+m} enters at step m
+        b = {k: v.clone() for k, v in batch.items()}
+        b["input_ids"][0, r + 1 + m] = (b["input_ids"][0, r + 1 + m] + 5) % t.vocab_size
+        assert changed(b) == [j >= m for j in range(S)], m
+
+
+def test_chunked_equals_unchunked(tiny_llama):
+    t = tiny_llama
+    ids = torch.stack([random_ids(t, 12, 3), random_ids(t, 12, 4)])
+    res = []
+    for chunk in (0, 1):                                # 1 anchor-chunk = gamma rows per chunk
+        d = make_eagle(t, num_layers=1, loss=LossConfig(chunk_size=chunk))
+        out = d(make_batch(t, ids))
+        out["loss"].backward()
+        res.append((out, {n: p.grad.clone() for n, p in d.named_parameters()}))
+    (o1, g1), (o2, g2) = res
+    torch.testing.assert_close(o1["loss"], o2["loss"], rtol=1e-5, atol=1e-6)
+    for k, v in o1["metrics"].items():
+        assert v == pytest.approx(o2["metrics"][k], rel=1e-5, abs=1e-6), k
+    for n in g1:
+        torch.testing.assert_close(g1[n], g2[n], rtol=1e-4, atol=1e-6)
+
+
+def softmax_warp(logits):
+    return torch.softmax(logits.float(), -1)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_decoding_matches_training_forward(family):
+    from conftest import make_tiny_target
+    t = make_tiny_target(family)
+    d = make_eagle(t, num_layers=2)
+    T = 9
+    ids = random_ids(t, T + 1, 7)
+    feats = t.capture(ids[None, :T]).features[0]
+    prop = d.propose(d.init_state(ids[:T], feats), int(ids[T]), S, softmax_warp, torch.Generator().manual_seed(0))
+    assert prop.tokens.shape == (S,) and prop.probs.shape == (S, t.vocab_size) and prop.confidence is None
+    # training chain rooted at r = T-1 over [prompt, anchor, drafts] = the decoding chain
+    full = torch.cat([ids, prop.tokens])
+    logits = d.step_logits(make_batch(t, full))[0, :, T - 1]
+    torch.testing.assert_close(prop.probs.log(), torch.log_softmax(logits, -1), atol=1e-4, rtol=0)
+    # init + advance (anchor + accepted, with their features) == one-shot init
+    st = d.advance(d.init_state(ids[:3], feats[:3]), ids[3:T], feats[3:T])
+    assert st.length == T
+    prop2 = d.propose(st, int(ids[T]), S, softmax_warp, torch.Generator().manual_seed(0))
+    torch.testing.assert_close(prop2.probs.log(), prop.probs.log(), atol=1e-4, rtol=0)
+    assert torch.equal(prop2.tokens, prop.tokens)
+    longer = d.propose(st, int(ids[T]), S + 2, softmax_warp)    # autoregressive: any horizon
+    assert longer.tokens.shape == (S + 2,)
