@@ -1,0 +1,187 @@
+"""`export_draft` / `import_draft` / `verify_export`: the functions behind `deepspec export`."""
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+from typing import Any, Dict, Optional, Sequence
+
+import torch
+
+from . import engines
+from .card import model_card
+from .common import (CONFIG_NAME, PROVENANCE_NAME, WEIGHTS_NAME, ExportResult, atomic_dir, find_results,
+                     has_target_source, load_target_for, read_checkpoint, read_results, write_json)
+from .errors import ExportError, ExportUnsupported, ImportUnsupported
+
+log = logging.getLogger(__name__)
+
+FORMATS = ("hf", "vllm", "sglang")
+
+
+def import_draft(path, target, fmt: Optional[str] = None):
+    """Read a draft written by `export_draft` (any format) back into a deepspec drafter for ``target``."""
+    fmt = fmt or engines.detect_format(path)
+    if fmt == "hf":
+        from ..drafts import load_drafter
+        return load_drafter(path, target)
+    if fmt == "vllm":
+        return engines.import_vllm(path, target)
+    if fmt == "sglang":
+        return engines.import_sglang(path, target)
+    raise ValueError(f"unknown format {fmt!r}; choose from {FORMATS}")
+
+
+# aliases named after the brief's `import_` readers
+import_ = import_draft
+
+
+def probe_batch(target, gamma: int, seed: int = 0, dtype=torch.float32) -> Dict[str, torch.Tensor]:
+    """A random teacher-forced batch: features of every position, blocks at three anchors (one with no context)."""
+    g = torch.Generator().manual_seed(seed)
+    T = gamma + 8
+    ids = torch.randint(0, int(target.vocab_size), (1, T), generator=g)
+    feats = torch.randn(1, T, int(target.feature_dim), generator=g).to(dtype)
+    anchors = torch.tensor([[0, 3, T - gamma - 1]])
+    ones = torch.ones(1, T, dtype=torch.bool)
+    return {"input_ids": ids, "attention_mask": ones, "loss_mask": ones, "features": feats,
+            "last_hidden": torch.zeros(1, T, int(target.hidden_size), dtype=dtype), "anchors": anchors}
+
+
+def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float().cpu() - b.float().cpu()).abs().max())
+
+
+def verify_export(out: Path, fmt: str, original, target, nothing_dropped: bool, seed: int = 0) -> Dict[str, float]:
+    """Re-read the export and compare logits; raise `ExportError` on a mismatch.
+
+    * ``reimport``: our drafter rebuilt from the written files vs the trained drafter (must be exact);
+      skipped when heads were dropped (the export intentionally differs then).
+    * ``reference`` (engine formats): an independent implementation of the engine's forward
+      (`deepspec.export.reference`) on the written files vs the re-imported drafter."""
+    from .reference import EngineDraft
+    out = Path(out)
+    got: Dict[str, float] = {}
+    original = original.eval()
+    re_drafter = import_draft(out, target, fmt).eval()
+    batch = probe_batch(target, int(original.cfg.gamma), seed, dtype=original.param_dtype)
+    if original.algorithm == "eagle3":        # only the hf format carries eagle3
+        ref = original.step_logits(batch)
+        got["reimport_max_abs_diff"] = _max_diff(ref, re_drafter.step_logits(batch))
+    else:
+        new = re_drafter.block_logits(batch)
+        ref = new["logits"]
+        if nothing_dropped:
+            old = original.block_logits(batch)
+            got["reimport_max_abs_diff"] = _max_diff(old["logits"], new["logits"])
+            if old["confidence"] is not None:
+                got["reimport_confidence_max_abs_diff"] = _max_diff(old["confidence"], new["confidence"])
+        if fmt in engines.ENGINE_FORMATS:
+            eng = EngineDraft.from_dir(out)
+
+            def embed(ids):
+                with torch.no_grad():
+                    return target.embed(ids.to(target.device)).float().cpu()
+
+            def lm_logits(h):
+                with torch.no_grad():
+                    return target.logits_from_hidden(h.to(target.device, target.dtype)).float().cpu()
+
+            anchors = [int(a) for a in batch["anchors"][0]]
+            eng_logits, eng_conf = eng.block_logits(batch["features"][0].float(), batch["input_ids"][0], anchors,
+                                                    embed, lm_logits)
+            got["reference_max_abs_diff"] = _max_diff(eng_logits, new["logits"][0])
+            if eng_conf is not None and new["confidence"] is not None:
+                got["reference_confidence_max_abs_diff"] = _max_diff(eng_conf, new["confidence"][0])
+    # fp32 end to end: the re-import must be bit-exact and the reference agree to rounding;
+    # low-precision targets/drafts round the LM-head input, so the bounds scale with the logits
+    exact = target.dtype == torch.float32 and original.param_dtype == torch.float32
+    scale = max(1.0, float(ref.float().abs().max()))
+    for k, v in got.items():
+        if k.startswith("reimport"):
+            tol = (1e-6 if exact else 1e-2) * scale
+        else:
+            tol = (1e-4 if exact else 3e-2) * scale
+        if not v <= tol:
+            raise ExportError(f"export self-check failed: {k} = {v:.3g} > {tol:.1g} — the {fmt} files do not "
+                              "compute what the trained draft computes; nothing was written")
+    return got
+
+
+def export_draft(ckpt_path, out, fmt: str, *, target_path: Optional[str] = None, overrides: Sequence[str] = (),
+                 results: Optional[str] = None, allow_drop_heads: bool = False, force: bool = False,
+                 verify: bool = True, target=None) -> ExportResult:
+    """Export the draft checkpoint at ``ckpt_path`` to ``out`` in ``fmt`` (hf | vllm | sglang).
+
+    The target (``target`` object, ``target_path``, ``target.*`` overrides, or the run.yaml next to
+    the checkpoint) is required for vllm/sglang: the engine config names it, its fingerprint must
+    match, and the export is verified against it.  Nothing is left at ``out`` on failure."""
+    if fmt not in FORMATS:
+        raise ValueError(f"--to {fmt!r}: choose from {', '.join(FORMATS)}")
+    ckpt = read_checkpoint(ckpt_path)
+    out = Path(out)
+    res_path = find_results(ckpt.path, results)
+    res = read_results(res_path)
+    tcfg = None
+    if fmt != "hf":   # refuse what the engine cannot run before loading anything
+        from safetensors import safe_open
+        with safe_open(str(ckpt.weights_path()), framework="pt") as f:
+            keys = list(f.keys())
+        engines.analyze(fmt, ckpt.algorithm, {**ckpt.draft, "_n_feature_layers": len(ckpt.layer_ids)}, keys,
+                        allow_drop_heads=allow_drop_heads)
+    if target is None and (fmt != "hf" or has_target_source(ckpt, target_path, overrides)):
+        try:
+            target, tcfg = load_target_for(ckpt, target_path, overrides)
+        except (OSError, ValueError) as e:
+            if fmt != "hf":
+                raise ExportError(f"cannot load the target for a {fmt} export ({e}); give --target-path or "
+                                  "target.* overrides") from e
+            log.warning("exporting without a target (%s): no fingerprint check, no self-check", e)
+            target = None
+    if target is not None and tcfg is None:    # a loaded target was handed in: name it as best we can
+        from ..config import TargetConfig
+        run_path = ((ckpt.run or {}).get("target") or {}).get("path")
+        tcfg = TargetConfig(path=target_path or run_path or getattr(target, "name", "target"))
+    drafter = None
+    if target is not None:
+        from ..drafts import DraftTargetMismatchError, load_drafter
+        try:
+            drafter = load_drafter(ckpt.path, target)
+        except DraftTargetMismatchError as e:
+            raise ExportError(f"{e}. Export with the target the draft was trained on (see `deepspec check`).") from e
+        drafter.eval()
+    result = ExportResult(fmt=fmt, out=out)
+    verifier = engines.verifier_name(tcfg) if tcfg is not None else None
+    with atomic_dir(out, force=force) as tmp:
+        engine_cfg = None
+        nothing_dropped = True
+        if fmt == "hf":
+            shutil.copy2(ckpt.path / CONFIG_NAME, tmp / CONFIG_NAME)
+            shutil.copy2(ckpt.path / WEIGHTS_NAME, tmp / WEIGHTS_NAME)
+        else:
+            plan, engine_cfg = engines.export_engine(fmt, drafter, target, tcfg, tmp, allow_drop_heads,
+                                                     draft_meta=ckpt.draft)
+            result.dropped, result.warnings = list(plan.dropped), list(plan.warnings)
+            nothing_dropped = not plan.dropped
+            for w in plan.warnings:
+                log.warning("%s export: %s", fmt, w)
+            for d in plan.dropped:
+                log.warning("%s export: DROPPED %s", fmt, d)
+        if verify and drafter is not None:
+            result.verified = verify_export(tmp, fmt, drafter, target, nothing_dropped)
+            log.info("%s export verified: %s", fmt, ", ".join(f"{k}={v:.2e}" for k, v in result.verified.items()))
+        card = model_card(ckpt, fmt, out=str(out), results=res, dropped=result.dropped, warnings=result.warnings,
+                          target_path=tcfg.path if tcfg is not None else None, verifier=verifier,
+                          engine_config=engine_cfg, verified=result.verified)
+        (tmp / "README.md").write_text(card)
+        provenance = {"format": fmt, "source_checkpoint": str(ckpt.path.resolve()), "algorithm": ckpt.algorithm,
+                      "gamma": ckpt.draft.get("gamma"), "layer_ids": ckpt.layer_ids,
+                      "index_convention": "deepspec: layer id i = output of decoder layer i = hidden_states[i+1]",
+                      "target": {k: v for k, v in ckpt.target.items()},
+                      "target_path": tcfg.path if tcfg is not None else None,
+                      "dropped": result.dropped, "warnings": result.warnings, "verified": result.verified,
+                      "results": res}
+        write_json(tmp / PROVENANCE_NAME, provenance)
+        result.files = sorted(p.name for p in tmp.iterdir())
+    return result

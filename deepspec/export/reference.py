@@ -1,0 +1,153 @@
+"""An independent forward of the engines' DFlash/DSpark draft, read from an exported directory.
+
+Written from the engines' code, not from `deepspec.drafts`: speculators
+``DFlashDraftModel._backbone_forward`` / ``Qwen3DFlashAttention`` (context K/V =
+``k_proj``/``v_proj`` of ``hidden_norm(fc(features))`` concatenated in front of the
+block's own, q/k RMSNorm per head, rotate-half RoPE at absolute positions, block =
+``[anchor, mask…]`` attending to context positions < anchor and to the whole block),
+``DSparkDraftModel.forward`` (Markov bias on ``norm(hidden)``; slot k is conditioned on
+the token at position anchor+k when ``sample_from_anchor``), and SGLang's
+``models/dflash.py`` / ``models/dspark.py`` (same math).  Used to check that what we
+write computes what our drafter computes, by a second implementation.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+
+
+def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    # Qwen3RMSNorm: fp32 variance, normalise, then scale by the weight
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return w.float() * x32
+
+
+def _rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
+    """x [heads, n, d] rotated (neox / rotate-half style) at integer positions pos [n]."""
+    d = x.shape[-1]
+    inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    ang = pos.double().unsqueeze(-1) * inv                       # [n, d/2]
+    emb = torch.cat([ang, ang], -1).float()
+    cos, sin = emb.cos(), emb.sin()
+    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    return x * cos + torch.cat([-x2, x1], -1) * sin
+
+
+class EngineDraft:
+    """The exported draft as the engine would run it (fp32, one block at a time)."""
+
+    def __init__(self, layer: Dict, weights: Dict[str, torch.Tensor], *, block_size: int, mask_token_id: int,
+                 markov_rank: int, markov_head_type: str, confidence: bool, confidence_with_markov: bool):
+        self.c = layer
+        self.w = {k: v.float() for k, v in weights.items()}
+        self.block_size = int(block_size)
+        self.mask_token_id = int(mask_token_id)
+        self.markov_rank = int(markov_rank)
+        self.markov_head_type = markov_head_type
+        self.confidence = confidence
+        self.confidence_with_markov = confidence_with_markov
+        theta = layer.get("rope_theta")
+        if theta is None:
+            theta = (layer.get("rope_parameters") or {}).get("rope_theta", 10000.0)
+        self.theta = float(theta)
+        self.eps = float(layer.get("rms_norm_eps", 1e-6))
+
+    @classmethod
+    def from_dir(cls, path) -> "EngineDraft":
+        from safetensors.torch import load_file
+        p = Path(path)
+        cfg = json.loads((p / "config.json").read_text())
+        weights = load_file(str(p / "model.safetensors"))
+        if "speculators_model_type" in cfg:       # speculators (vLLM)
+            layer = cfg["transformer_layer_config"]
+            return cls(layer, weights, block_size=cfg["block_size"], mask_token_id=cfg["mask_token_id"],
+                       markov_rank=cfg.get("markov_rank", 0), markov_head_type=cfg.get("markov_head_type", "vanilla"),
+                       confidence=bool(cfg.get("enable_confidence_head")),
+                       confidence_with_markov=bool(cfg.get("confidence_head_with_markov")))
+        dc = cfg["dflash_config"]                   # SGLang: flat config + dflash_config
+        return cls(cfg, weights, block_size=dc["block_size"], mask_token_id=dc["mask_token_id"],
+                   markov_rank=cfg.get("markov_rank", 0), markov_head_type=cfg.get("markov_head_type", "vanilla"),
+                   confidence=bool(cfg.get("enable_confidence_head")),
+                   confidence_with_markov=bool(cfg.get("confidence_head_with_markov")))
+
+    def _attn(self, i: int, h: torch.Tensor, ctx: torch.Tensor, pos_q: torch.Tensor, pos_kv: torch.Tensor):
+        c, w, pre = self.c, self.w, f"layers.{i}.self_attn."
+        nh, nkv, hd = int(c["num_attention_heads"]), int(c["num_key_value_heads"]), int(c["head_dim"])
+        q = (h @ w[pre + "q_proj.weight"].t()).view(-1, nh, hd)
+        kv_in = torch.cat([ctx, h], 0)
+        k = (kv_in @ w[pre + "k_proj.weight"].t()).view(-1, nkv, hd)
+        v = (kv_in @ w[pre + "v_proj.weight"].t()).view(-1, nkv, hd)
+        q = _rms(q, w[pre + "q_norm.weight"], self.eps).transpose(0, 1)          # [nh, n, hd]
+        k = _rms(k, w[pre + "k_norm.weight"], self.eps).transpose(0, 1)
+        v = v.transpose(0, 1)
+        q, k = _rope(q, pos_q, self.theta), _rope(k, pos_kv, self.theta)
+        rep = nh // nkv
+        k, v = k.repeat_interleave(rep, 0), v.repeat_interleave(rep, 0)
+        att = torch.softmax((q @ k.transpose(-1, -2)) * hd ** -0.5, -1)          # no mask: context < p + whole block
+        out = (att @ v).transpose(0, 1).reshape(h.shape[0], nh * hd)
+        return out @ w[pre + "o_proj.weight"].t()
+
+    def hidden(self, features: torch.Tensor, anchor_token: int, anchor_pos: int, embed) -> torch.Tensor:
+        """Normed draft hidden [γ, H] of the block anchored at ``anchor_pos`` (context = features[:anchor_pos])."""
+        w, c, g = self.w, self.c, self.block_size
+        ctx = _rms(features[:anchor_pos].float() @ w["fc.weight"].t(), w["hidden_norm.weight"], self.eps)
+        ids = torch.full((g,), self.mask_token_id, dtype=torch.long)
+        ids[0] = int(anchor_token)
+        x = embed(ids).float()
+        pos_q = torch.arange(anchor_pos, anchor_pos + g)
+        pos_kv = torch.cat([torch.arange(anchor_pos), pos_q])
+        for i in range(int(c["num_hidden_layers"])):
+            pre = f"layers.{i}."
+            x = x + self._attn(i, _rms(x, w[pre + "input_layernorm.weight"], self.eps), ctx, pos_q, pos_kv)
+            hmlp = _rms(x, w[pre + "post_attention_layernorm.weight"], self.eps)
+            m = F.silu(hmlp @ w[pre + "mlp.gate_proj.weight"].t()) * (hmlp @ w[pre + "mlp.up_proj.weight"].t())
+            x = x + m @ w[pre + "mlp.down_proj.weight"].t()
+        return _rms(x, w["norm.weight"], self.eps)
+
+    def heads(self, hn: torch.Tensor, prev: torch.Tensor) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+        """Markov bias [γ, V] and confidence logits [γ] for teacher tokens ``prev`` [γ] (x_{anchor+k})."""
+        w = self.w
+        bias = emb = None
+        if self.markov_rank > 0:
+            emb = w["markov_head.markov_w1.weight"][prev]                              # [γ, r]
+            w2 = w["markov_head.markov_w2.weight"]                                     # [V, r]
+            if self.markov_head_type == "vanilla":
+                bias = emb @ w2.t()
+            elif self.markov_head_type == "rnn":
+                state = torch.zeros(self.markov_rank)
+                rows = []
+                for k in range(hn.shape[0]):
+                    z = torch.cat([state, emb[k], hn[k]])
+                    gr, cr, orr = (z @ w["markov_head.joint_proj.weight"].t()
+                                   + w["markov_head.joint_proj.bias"]).chunk(3)
+                    gate = torch.sigmoid(gr)
+                    state = gate * state + (1 - gate) * torch.tanh(cr)
+                    rows.append(torch.tanh(orr) @ w2.t())
+                bias = torch.stack(rows)
+            else:
+                raise ValueError(f"reference forward: markov_head_type {self.markov_head_type!r} not implemented")
+        conf = None
+        if self.confidence:
+            feats = torch.cat([hn, emb], -1) if self.confidence_with_markov else hn
+            conf = feats @ w["confidence_head.proj.weight"].t().squeeze(-1) + w["confidence_head.proj.bias"]
+        return bias, conf
+
+    def block_logits(self, features: torch.Tensor, tokens: torch.Tensor, anchors: Sequence[int], embed, lm_logits
+                     ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """Teacher-forced logits [N, γ, V] (and confidence logits [N, γ]) of the blocks at ``anchors``."""
+        outs: List[torch.Tensor] = []
+        confs: List[torch.Tensor] = []
+        g = self.block_size
+        for p in anchors:
+            hn = self.hidden(features, int(tokens[p]), int(p), embed)
+            logits = lm_logits(hn).float()
+            bias, conf = self.heads(hn, tokens[p:p + g].long())
+            outs.append(logits if bias is None else logits + bias)
+            if conf is not None:
+                confs.append(conf)
+        return torch.stack(outs), (torch.stack(confs) if confs else None)
