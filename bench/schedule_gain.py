@@ -37,6 +37,10 @@ from deepspec.schedule.simulator import best_threshold_results, compare_policies
 THRESHOLDS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 
 
+def slug(name: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in name)
+
+
 def split_requests(records, seed=0):
     ids = sorted({r.request_id for r in records})
     rng = np.random.default_rng(seed)
@@ -60,11 +64,14 @@ def profile_here(target_path: str, sizes, context_len: int, repeats: int, dtype:
 
 def run_table(name, table, traces, calibration, concurrencies, steps, draft_time_s, seed):
     policies = [FixedLengthPolicy()] + [ThresholdPolicy(t, calibration) for t in THRESHOLDS] + \
-               [PrefixSchedulerPolicy(table.convexified(), calibration, overhead_s=draft_time_s)]
-    if not table.meta.get("synthetic"):  # the same scheduler deciding on the raw (non-convex) measurements
-        policies.append(PrefixSchedulerPolicy(table, calibration, overhead_s=draft_time_s, name="scheduler-raw"))
-    res = compare_policies(traces, policies, table, concurrencies=concurrencies, steps=steps,
-                           draft_time_s=draft_time_s, seed=seed)
+               [PrefixSchedulerPolicy(table, calibration, overhead_s=draft_time_s)]
+    if not table.meta.get("synthetic"):  # the same scheduler deciding on the table's convex hull
+        policies.append(PrefixSchedulerPolicy(table.convexified(), calibration, overhead_s=draft_time_s,
+                                              name="scheduler-convex"))
+    res = []
+    for R in concurrencies:  # at least ~4000 request-steps per point so small R is not replay noise
+        res += compare_policies(traces, policies, table, concurrencies=[R], steps=max(steps, -(-4000 // R)),
+                                draft_time_s=draft_time_s, seed=seed)
     return res
 
 
@@ -75,7 +82,7 @@ def summarize(name, results, concurrencies):
     for R in concurrencies:
         f, s, b = by[("fixed", R)], by[("scheduler", R)], best_thr[R]
         t05 = by.get(("threshold0.5", R))
-        raw = by.get(("scheduler-raw", R))
+        cvx = by.get(("scheduler-convex", R))
         rows.append({
             "table": name, "R": R,
             "fixed_tps": f.system_tps, "scheduler_tps": s.system_tps,
@@ -88,7 +95,7 @@ def summarize(name, results, concurrencies):
             "fixed_mean_B": f.mean_batch_tokens, "scheduler_mean_B": s.mean_batch_tokens,
             "fixed_rejected_frac": f.rejected_fraction, "scheduler_rejected_frac": s.rejected_fraction,
             "scheduler_per_user_tps": s.per_user_tps, "fixed_per_user_tps": f.per_user_tps,
-            "scheduler_raw_tps": raw.system_tps if raw else None,
+            "scheduler_convex_tps": cvx.system_tps if cvx else None,
         })
     return rows
 
@@ -96,7 +103,7 @@ def summarize(name, results, concurrencies):
 def markdown(rows):
     out = ["| SPS table | R | fixed tok/s | scheduler tok/s | gain | best static threshold (tok/s) | gain vs it "
            "| τ/req-step fixed → sched | mean B fixed → sched | rejected drafts fixed → sched "
-           "| scheduler on raw table tok/s |",
+           "| scheduler on convex hull tok/s |",
            "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         out.append(f"| {r['table']} | {r['R']} | {r['fixed_tps']:.1f} | {r['scheduler_tps']:.1f} | "
@@ -104,7 +111,7 @@ def markdown(rows):
                    f"×{r['gain_vs_best_threshold']:.3f} | {r['fixed_tokens_per_req_step']:.2f} → "
                    f"{r['scheduler_tokens_per_req_step']:.2f} | {r['fixed_mean_B']:.0f} → {r['scheduler_mean_B']:.0f} | "
                    f"{100 * r['fixed_rejected_frac']:.0f}% → {100 * r['scheduler_rejected_frac']:.0f}% | "
-                   + (f"{r['scheduler_raw_tps']:.1f} |" if r["scheduler_raw_tps"] else "— |"))
+                   + (f"{r['scheduler_convex_tps']:.1f} |" if r["scheduler_convex_tps"] else "— |"))
     return "\n".join(out)
 
 
@@ -146,11 +153,13 @@ def main(argv=None):
 
     tables = {}
     if a.sps_table:
-        tables["loaded"] = SPSTable.load(a.sps_table)
+        tab = SPSTable.load(a.sps_table)
+        tables[f"profiled-{slug(tab.target)}"] = tab
+        print(f"loaded SPS table of {tab.target} on {tab.device}", flush=True)
     elif a.target:
         tab = profile_here(a.target, a.profile_sizes, a.context_len, a.repeats, a.dtype, a.threads)
-        tab.save(out / "sps_profiled.json")
-        tables["profiled"] = tab
+        tables[f"profiled-{slug(tab.target)}"] = tab
+        tab.save(out / f"sps_{slug(tab.target)}.json")
         print(f"profiled {tab.target} on {tab.device} in {tab.meta['profile_wall_s']} s:",
               dict(zip(tab.batch_tokens, [round(s, 1) for s in tab.steps_per_second])), flush=True)
     tables["synthetic-gpu"] = synthetic_gpu_table()
@@ -161,7 +170,7 @@ def main(argv=None):
         res = run_table(name, table, traces, cal, conc, a.steps, a.draft_time_s, a.seed)
         all_results[name] = [r.to_json() for r in res]
         all_rows += summarize(name, res, a.concurrency)
-        label = f"{table.target} on {table.device}" if name != "synthetic-gpu" else "synthetic GPU-like SPS"
+        label = f"{table.target} on {table.device.split(' ')[0]}" if name != "synthetic-gpu" else "synthetic GPU-like SPS"
         keep = [r for r in res if r.concurrency in a.pareto and r.policy in ("fixed", "scheduler", "threshold0.3",
                                                                                "threshold0.5", "threshold0.7")]
         plot_pareto(keep, out / f"pareto_{name}.png",
@@ -172,9 +181,10 @@ def main(argv=None):
             "rollouts": source, "synthetic_rollouts": synthetic, "gamma": fit.gamma,
             "temperatures": cal.temperatures, "steps": a.steps, "draft_time_s": a.draft_time_s,
             "tables": {k: v.to_json() for k, v in tables.items()}}
-    (out / "schedule_gain.json").write_text(json.dumps({"meta": meta, "summary": all_rows,
+    tag = "_".join(tables)
+    (out / f"schedule_gain_{tag}.json").write_text(json.dumps({"meta": meta, "summary": all_rows,
                                                         "results": all_results}, indent=1))
-    (out / "schedule_gain.md").write_text(md + "\n")
+    (out / f"schedule_gain_{tag}.md").write_text(md + "\n")
     return 0
 
 

@@ -15,8 +15,9 @@ class ScheduleConfig:
     profile_repeats: int = 5
     # requests: B tokens as R requests × (1+γ) tokens over R contexts; flat: one [1, B] batch.
     profile_mode: str = "requests"
-    # Read the SPS table through the lower convex hull of its step time (scheduler decisions).
-    sps_convex: bool = True
+    # Read the SPS table through the lower convex hull of its step time (makes the greedy
+    # scheduler optimal w.r.t. the table, but optimistic where measurements are concave).
+    sps_convex: bool = False
     temperature_grid_min: float = 0.25
     temperature_grid_max: float = 4.0
     temperature_grid_size: int = 64
