@@ -1,6 +1,5 @@
 """SPS(B) tables: load/save, interpolation, extrapolation, profiling bookkeeping."""
 import json
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -66,43 +65,30 @@ def test_synthetic_gpu_shape():
     assert np.all(np.diff(t.sps(np.arange(1, 9000, 7))) <= 1e-9)
 
 
-class _FakeCache:
-    def __init__(self, n):
-        self.n = n
-
-    def get_seq_length(self):
-        return self.n
-
-    def crop(self, k):
-        assert k < 0
-        self.n += k
-
-
-class _FakeTarget:
-    """Records decode shapes; time grows with tokens (no real model)."""
-    name, vocab_size = "fake", 50
+class _RecordingTarget:
+    """A real tiny target whose decode calls are recorded (shape, cached length before the call)."""
 
     def __init__(self):
-        import torch
-        self.device = torch.device("cpu")
+        from tests.conftest import make_tiny_target
+        self.inner = make_tiny_target("llama")
+        self.name, self.vocab_size, self.device = "tiny-llama", self.inner.vocab_size, self.inner.device
         self.calls = []
 
     def decode(self, ids, past_key_values=None):
-        self.calls.append((tuple(ids.shape), None if past_key_values is None else past_key_values.get_seq_length()))
-        cache = past_key_values or _FakeCache(0)
-        cache.n += ids.shape[1]
-        return SimpleNamespace(past_key_values=cache)
+        seen = None if past_key_values is None else self.inner.cache_length(past_key_values)
+        self.calls.append((tuple(ids.shape), seen))
+        return self.inner.decode(ids, past_key_values=past_key_values)
 
 
 def test_profile_flat_and_requests_bookkeeping():
     pytest.importorskip("torch")
-    tgt = _FakeTarget()
+    tgt = _RecordingTarget()
     t = profile_sps(tgt, [1, 4, 3], context_len=16, repeats=2, warmup=1, mode="flat")
-    assert t.batch_tokens == [1, 3, 4] and t.meta["mode"] == "flat" and t.target == "fake"
+    assert t.batch_tokens == [1, 3, 4] and t.meta["mode"] == "flat" and t.target == "tiny-llama"
     # every timed step ran on top of exactly the context (cache rolled back after each)
     assert all(seen == 16 for shape, seen in tgt.calls[1:]) and tgt.calls[0] == ((1, 16), None)
     assert [s for s, _ in tgt.calls[1:]] == [(1, 1)] * 3 + [(1, 3)] * 3 + [(1, 4)] * 3
-    tgt2 = _FakeTarget()
+    tgt2 = _RecordingTarget()
     t2 = profile_sps(tgt2, [2, 8, 10], context_len=4, repeats=1, warmup=0, tokens_per_request=4)
     assert t2.meta["mode"] == "requests"
     assert t2.batch_tokens == [2, 8, 12]                    # 1×2, 2×4, 3×4 (rounded up to whole requests)
