@@ -69,7 +69,7 @@ class _RecordingTarget:
     """A real tiny target whose decode calls are recorded (shape, cached length before the call)."""
 
     def __init__(self):
-        from tests.conftest import make_tiny_target
+        from conftest import make_tiny_target
         self.inner = make_tiny_target("llama")
         self.name, self.vocab_size, self.device = "tiny-llama", self.inner.vocab_size, self.inner.device
         self.calls = []
