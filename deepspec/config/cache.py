@@ -10,9 +10,15 @@ class CacheConfig:
     dir: Optional[str] = None
     # bf16 (lossless) | fp8 | lowrank
     codec: str = "bf16"
-    zstd_level: int = 3
+    # bf16 byte layout before zstd: plain | planes | planes_cm (see docs/cache.md).
+    layout: str = "planes_cm"
+    zstd_level: int = 1
+    # Samples per shard (shard k = input records [k*S, (k+1)*S), whatever the rank count).
     shard_samples: int = 256
+    # Padded tokens per capture forward (batch of similar-length samples).
     batch_tokens: int = 8192
+    # Threads that compress captured tensors while the target runs.
+    encode_threads: int = 2
     # lowrank codec rank and calibration size (tokens) for fp8/lowrank.
     rank: int = 256
     calib_tokens: int = 16384
