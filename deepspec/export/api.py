@@ -1,11 +1,10 @@
 """`export_draft` / `import_draft` / `verify_export`: the functions behind `deepspec export`."""
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 from pathlib import Path
-from typing import Any, Dict, Optional, Sequence
+from typing import Dict, Optional, Sequence
 
 import torch
 
@@ -13,7 +12,7 @@ from . import engines
 from .card import model_card
 from .common import (CONFIG_NAME, PROVENANCE_NAME, WEIGHTS_NAME, ExportResult, atomic_dir, find_results,
                      has_target_source, load_target_for, read_checkpoint, read_results, write_json)
-from .errors import ExportError, ExportUnsupported, ImportUnsupported
+from .errors import ExportError
 
 log = logging.getLogger(__name__)
 

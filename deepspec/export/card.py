@@ -72,8 +72,9 @@ def model_card(ckpt: Checkpoint, fmt: str, *, out: str, results: Optional[Dict[s
               f"| chat template sha256 | `{fp.get('chat_template_sha256')}` |", ""]
     if engine_config is not None:
         if fmt == "vllm":
-            lines += [f"Engine layer ids: `aux_hidden_state_layer_ids = {engine_config.get('aux_hidden_state_layer_ids')}`"
-                      " (vLLM captures the input of decoder layer k = deepspec id + 1).", ""]
+            aux = engine_config.get("aux_hidden_state_layer_ids")
+            lines += [f"Engine layer ids: `aux_hidden_state_layer_ids = {aux}` (vLLM captures the input of decoder "
+                      "layer k = deepspec id + 1).", ""]
         elif fmt == "sglang":
             lines += [f"Engine layer ids: `dflash_config.target_layer_ids = "
                       f"{(engine_config.get('dflash_config') or {}).get('target_layer_ids')}` (layer outputs, as in "
@@ -88,7 +89,8 @@ def model_card(ckpt: Checkpoint, fmt: str, *, out: str, results: Optional[Dict[s
     if results:
         setup = results.get("setup") or {}
         lines += [f"Macro **τ = {_fmt(results.get('tau'))}** (accepted tokens + 1 per verification round), "
-                  f"acceptance rate {_fmt(results.get('acceptance_rate'))}, speedup {_fmt(results.get('speedup'), 2)}× "
+                  f"acceptance rate {_fmt(results.get('acceptance_rate'))}, "
+                  f"speedup {_fmt(results.get('speedup'), 2)}× "
                   f"at γ = {results.get('gamma')}, {setup.get('warp', '')} — from `{results.get('path')}`.", ""]
         if results.get("benchmarks"):
             lines += ["| benchmark | τ |", "|---|---|"] + [f"| {n} | {_fmt(t)} |"

@@ -1,0 +1,218 @@
+"""`deepspec export`: hf / vllm (speculators) / sglang layouts, import readers, refusals, self-check."""
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from deepspec.config import TargetConfig
+from deepspec.config.draft import DraftConfig
+from deepspec.drafts import build_drafter
+from deepspec.export import ExportError, ExportUnsupported, ImportUnsupported, export_draft, import_draft
+from deepspec.export.api import probe_batch, verify_export
+from deepspec.export.cli import main as export_main
+from deepspec.export.reference import EngineDraft
+from deepspec.export.schemas import validate, SCHEMAS
+from deepspec.targets import load_target
+
+LAYER_IDS = [1, 2]
+TINY = "tiny:llama"
+
+
+def _target(path=TINY, layer_ids=LAYER_IDS):
+    return load_target(TargetConfig(path=path, dtype="float32", device="cpu", layer_ids=layer_ids))
+
+
+@pytest.fixture(scope="module")
+def target():
+    return _target()
+
+
+def _trained(target, algorithm, seed=0, **kw):
+    """A drafter with every parameter moved off its init (the Markov W2 starts at zero)."""
+    torch.manual_seed(seed)
+    d = build_drafter(target, DraftConfig(algorithm=algorithm, num_layers=1, gamma=4, head_rank=8, **kw))
+    with torch.no_grad():
+        for p in d.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return d.eval()
+
+
+def _save(d, path, run_yaml=None):
+    d.save_pretrained(path)
+    if run_yaml:
+        (path / "run.yaml").write_text(run_yaml)
+    return path
+
+
+def _same_blocks(a, b, target, atol=0.0):
+    batch = probe_batch(target, a.cfg.gamma, seed=3)
+    x, y = a.block_logits(batch), b.block_logits(batch)
+    assert (x["logits"] - y["logits"]).abs().max() <= atol
+    if x["confidence"] is not None:
+        assert (x["confidence"] - y["confidence"]).abs().max() <= atol
+    return batch
+
+
+def test_vllm_dspark_markov_round_trip(target, tmp_path):
+    d = _trained(target, "dspark", sequential_head="markov")
+    ckpt = _save(d, tmp_path / "ckpt")
+    res = export_draft(ckpt, tmp_path / "vllm", "vllm", target=target, target_path=TINY)
+    out = tmp_path / "vllm"
+    cfg = json.loads((out / "config.json").read_text())
+    assert validate(cfg, SCHEMAS["speculators_dspark"]) == []
+    assert cfg["aux_hidden_state_layer_ids"] == [2, 3]             # vLLM captures the input of layer k = ours + 1
+    assert (cfg["block_size"], cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"]) == (4, 4)
+    assert (cfg["markov_rank"], cfg["markov_head_type"], cfg["confidence_head_with_markov"]) == (8, "vanilla", True)
+    assert cfg["mask_token_id"] == d.mask_token_id and cfg["draft_vocab_size"] == target.vocab_size
+    assert cfg["speculators_config"]["verifier"] == {"name_or_path": TINY, "architectures": ["LlamaForCausalLM"]}
+    w = load_file(str(out / "model.safetensors"))
+    assert "fc.weight" in w and "layers.0.self_attn.q_norm.weight" in w and "hidden_norm.weight" in w
+    assert w["markov_head.markov_w2.weight"].shape == (target.vocab_size, 8)
+    assert not any(k.startswith(("embed_tokens", "lm_head", "head.", "context.")) for k in w)
+    assert res.verified["reimport_max_abs_diff"] == 0.0 and res.verified["reference_max_abs_diff"] < 1e-4
+    back = import_draft(out, target)
+    assert back.algorithm == "dspark" and back.cfg.sequential_head == "markov" and back.cfg.confidence_head
+    _same_blocks(d, back, target)
+    # the decoding path agrees too: same greedy proposals from the same prefix
+    batch = probe_batch(target, 4, seed=5)
+    ids, feats = batch["input_ids"][0], batch["features"][0]
+    greedy = lambda logits: torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+    p1 = d.propose(d.init_state(ids[:6], feats[:6]), int(ids[6]), 4, greedy)
+    p2 = back.propose(back.init_state(ids[:6], feats[:6]), int(ids[6]), 4, greedy)
+    assert torch.equal(p1.tokens, p2.tokens) and torch.allclose(p1.confidence, p2.confidence)
+    prov = json.loads((out / "deepspec_export.json").read_text())
+    assert prov["layer_ids"] == LAYER_IDS and prov["target"]["fingerprint"] == target.fingerprint()
+
+
+def test_sglang_dspark_rnn_round_trip(target, tmp_path):
+    d = _trained(target, "dspark", sequential_head="rnn", seed=1)
+    ckpt = _save(d, tmp_path / "ckpt")
+    export_draft(ckpt, tmp_path / "sg", "sglang", target=target, target_path=TINY)
+    cfg = json.loads((tmp_path / "sg" / "config.json").read_text())
+    assert validate(cfg, SCHEMAS["sglang_dspark"]) == [] and "speculators_model_type" not in cfg
+    assert cfg["architectures"] == ["Qwen3DSparkModel"]
+    assert cfg["dflash_config"] == {"block_size": 4, "mask_token_id": d.mask_token_id, "target_layer_ids": LAYER_IDS}
+    assert (cfg["num_target_layers"], cfg["markov_head_type"], cfg["hidden_size"]) == (4, "rnn", 64)
+    w = load_file(str(tmp_path / "sg" / "model.safetensors"))
+    assert w["markov_head.joint_proj.weight"].shape == (24, 2 * 8 + 64)
+    back = import_draft(tmp_path / "sg", target)
+    assert back.cfg.sequential_head == "rnn"
+    batch = _same_blocks(d, back, target)
+    # an independent implementation of the engine's forward, fed the written files, agrees
+    eng = EngineDraft.from_dir(tmp_path / "sg")
+    anchors = [int(a) for a in batch["anchors"][0]]
+    logits, conf = eng.block_logits(batch["features"][0], batch["input_ids"][0], anchors, target.embed,
+                                    target.logits_from_hidden)
+    ours = d.block_logits(batch)
+    torch.testing.assert_close(logits, ours["logits"][0], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(conf, ours["confidence"][0], atol=1e-4, rtol=1e-4)
+
+
+def test_headless_dflash_vllm_only(target, tmp_path):
+    d = _trained(target, "dflash", seed=2)
+    ckpt = _save(d, tmp_path / "ckpt")
+    export_draft(ckpt, tmp_path / "v", "vllm", target=target, target_path=TINY)
+    cfg = json.loads((tmp_path / "v" / "config.json").read_text())
+    # DSpark layout with the Markov head off: the speculators `dflash` runtime reads slots one position later
+    assert (cfg["speculators_model_type"], cfg["markov_rank"], cfg["enable_confidence_head"]) == ("dspark", 0, False)
+    assert cfg["sample_from_anchor"] is True
+    back = import_draft(tmp_path / "v", target)
+    assert back.algorithm == "dflash"
+    _same_blocks(d, back, target)
+    with pytest.raises(ExportUnsupported, match="markov_rank > 0"):
+        export_draft(ckpt, tmp_path / "sg", "sglang", target=target)
+    assert not (tmp_path / "sg").exists()
+
+
+def test_rnn_head_to_vllm_refused_unless_dropped(target, tmp_path):
+    d = _trained(target, "dspark", sequential_head="rnn", seed=3)
+    ckpt = _save(d, tmp_path / "ckpt")
+    with pytest.raises(ExportUnsupported, match="allow-drop-heads"):
+        export_draft(ckpt, tmp_path / "v", "vllm", target=target)
+    assert not (tmp_path / "v").exists()
+    res = export_draft(ckpt, tmp_path / "v", "vllm", target=target, allow_drop_heads=True)
+    assert res.dropped and "reimport_max_abs_diff" not in res.verified
+    card = (tmp_path / "v" / "README.md").read_text()
+    assert "[!WARNING]" in card and "RNN sequential head" in card
+    cfg = json.loads((tmp_path / "v" / "config.json").read_text())
+    assert (cfg["markov_rank"], cfg["enable_confidence_head"]) == (0, False)
+    assert not any(k.startswith(("markov_head", "confidence_head"))
+                   for k in load_file(str(tmp_path / "v" / "model.safetensors")))
+    # what is left is exactly the trained backbone
+    backbone = build_drafter(target, DraftConfig(algorithm="dflash", num_layers=1, gamma=4,
+                                                 mask_token_id=d.mask_token_id))
+    missing, _ = backbone.load_state_dict(d.state_dict(), strict=False)
+    assert not missing
+    _same_blocks(backbone.eval(), import_draft(tmp_path / "v", target), target)
+
+
+def test_eagle3_only_hf(target, tmp_path):
+    d = _trained(target, "eagle3", seed=4, ttt_steps=2)
+    ckpt = _save(d, tmp_path / "ckpt")
+    for fmt in ("vllm", "sglang"):
+        with pytest.raises(ExportUnsupported, match="in_proj") as e:
+            export_draft(ckpt, tmp_path / fmt, fmt, target=target)
+        assert "q/k RMSNorm" in str(e.value) and not (tmp_path / fmt).exists()
+    res = export_draft(ckpt, tmp_path / "hf", "hf", target=target)
+    assert res.verified["reimport_max_abs_diff"] == 0.0
+    assert (tmp_path / "hf" / "model.safetensors").read_bytes() == (ckpt / "model.safetensors").read_bytes()
+
+
+def test_hf_model_card_lists_run_and_tau(target, tmp_path):
+    from deepspec.config import load_config, to_yaml
+    run = tmp_path / "run"
+    ckpt = run / "checkpoints" / "step_5"
+    cfg = load_config(["target.path=tiny:llama", "target.dtype=float32", "target.layer_ids=[1,2]",
+                       "data.source=jsonl", "data.path=/data/prompts.jsonl"])
+    _save(_trained(target, "dspark"), ckpt, to_yaml(cfg))
+    (run / "eval").mkdir(parents=True)
+    (run / "eval" / "results.json").write_text(json.dumps(
+        {"gamma": 4, "overall": {"tau": 3.217, "acceptance_rate": 0.61}, "speed": {"speedup": 1.9},
+         "benchmarks": {"gsm8k": {"all_turns": {"tau": 3.5}}}, "setup": {"warp": "greedy"}}))
+    export_draft(ckpt, tmp_path / "hf", "hf")                 # target from run.yaml
+    card = (tmp_path / "hf" / "README.md").read_text()
+    for needle in ("dspark draft for tiny:llama", "| γ (block size / draft tokens per round) | 4 |",
+                   "[1, 2]", "/data/prompts.jsonl", "| source | `jsonl` |", "τ = 3.217", "| gsm8k | 3.500 |",
+                   target.fingerprint()["weights_sha256"]):
+        assert needle in card, needle
+    assert (tmp_path / "hf" / "config.json").read_bytes() == (ckpt / "config.json").read_bytes()
+
+
+def test_export_refuses_other_target_and_bad_embeddings(target, tmp_path):
+    ckpt = _save(_trained(target, "dspark"), tmp_path / "ckpt")
+    with pytest.raises(ExportError, match="different target"):
+        export_draft(ckpt, tmp_path / "v", "vllm", target=_target("tiny:llama:seed=1"))
+    gemma = _target("tiny:gemma3")               # scales its input embeddings by sqrt(hidden)
+    g_ckpt = _save(_trained(gemma, "dspark"), tmp_path / "g")
+    with pytest.raises(ExportUnsupported, match="scales its input embeddings"):
+        export_draft(g_ckpt, tmp_path / "gv", "vllm", target=gemma)
+    assert not (tmp_path / "v").exists() and not (tmp_path / "gv").exists()
+
+
+def test_self_check_and_import_catch_broken_exports(target, tmp_path):
+    d = _trained(target, "dspark", sequential_head="markov", seed=6)
+    ckpt = _save(d, tmp_path / "ckpt")
+    out = tmp_path / "v"
+    export_draft(ckpt, out, "vllm", target=target)
+    w = load_file(str(out / "model.safetensors"))
+    w["layers.0.self_attn.k_norm.weight"] = w["layers.0.self_attn.k_norm.weight"].flip(0)   # a mis-mapped tensor
+    save_file(w, str(out / "model.safetensors"))
+    with pytest.raises(ExportError, match="self-check failed"):
+        verify_export(out, "vllm", d, target, nothing_dropped=True)
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["aux_hidden_state_layer_ids"] = [1, 2]        # off by one: ours would be [0, 1]
+    (out / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ImportUnsupported, match=r"target.layer_ids=\[0, 1\]"):
+        import_draft(out, target)
+
+
+def test_cli_export_exit_codes(target, tmp_path, capsys):
+    ckpt = _save(_trained(target, "dspark", sequential_head="rnn"), tmp_path / "ckpt")
+    tgt = ["--target-path", TINY, "target.dtype=float32", "target.layer_ids=[1,2]"]
+    assert export_main(["--to", "sglang", str(ckpt), str(tmp_path / "sg"), *tgt]) == 0
+    assert "self-check" in capsys.readouterr().out
+    assert export_main(["--to", "vllm", str(ckpt), str(tmp_path / "v"), *tgt]) == 3
+    assert "allow-drop-heads" in capsys.readouterr().err
+    assert export_main(["--to", "sglang", str(ckpt), str(tmp_path / "sg"), *tgt]) == 2     # exists, no --force
+    assert "exists" in capsys.readouterr().err
