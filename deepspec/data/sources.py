@@ -171,7 +171,7 @@ def _expand(path: str, source: str) -> List[Path]:
         hits = sorted(Path().glob(path)) if any(c in path for c in "*?[") else []
         if hits:
             return hits
-        raise DataError(f"data file not found: {p}", origin=str(p), reason="source")
+        raise DataError("data file not found (data.path)", origin=str(p), reason="source")
     return [p]
 
 

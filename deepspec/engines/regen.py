@@ -347,3 +347,26 @@ def regenerate(cfg, engine: Optional[Engine] = None) -> Path:
         return paths.output
     finally:
         d.close()
+
+
+def main(argv=None) -> int:
+    """``python -m deepspec.engines.regen [overrides]``: stage 1a alone (e.g. under torchrun)."""
+    import sys
+    from ..config import ConfigError, load_config
+    from ..data import DataError
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        cfg = load_config(args)
+    except ConfigError as e:
+        print(f"regenerate: config error: {e}", file=sys.stderr)
+        return 2
+    try:
+        regenerate(cfg)
+    except (DataError, RegenError, EngineError) as e:
+        print(f"regenerate: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
