@@ -78,7 +78,10 @@ def _cmd_info(args) -> int:
 
 
 def _cmd_build(args) -> int:
+    import logging
     from ..config import load_config
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        datefmt="%H:%M:%S")  # no-op when `deepspec` already configured logging
     from .build import build_cache
     cfg = load_config(args.overrides)
     out = build_cache(cfg, regen_path=args.regen, rank=args.rank, world_size=args.world_size,

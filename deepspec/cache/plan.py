@@ -1,0 +1,389 @@
+"""`deepspec plan`: tokens, cache bytes and hours before spending GPU time.
+
+From the config and a sample of the data (the regen JSONL when it exists, else the
+raw prompt source through ``deepspec.data``, or an explicit JSONL path), estimate
+
+- samples and tokens (chat template applied, truncated to ``data.max_length``);
+- cache bytes: this codec measured on a probe of real captured hidden states, side
+  by side with DeepSpec's raw layout ``6 + 2·H·(L+1)`` bytes/token;
+- regeneration, capture and training time from short measured probes on the
+  current device (greedy KV-cached decode, the builder's own capture batching, and a
+  forward+backward of the configured drafter);
+
+print a table, and return 2 (``deepspec plan`` exits non-zero) when the estimated
+cache does not fit the free disk at the cache path.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, TextIO
+
+import numpy as np
+import torch
+
+from .. import paths
+from .build import _batches, _capture, _encode_row, _pad_id
+from .codecs import codec_from_config
+from .format import raw_bytes_per_token
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Plan:
+    source: str
+    records: int                      # records counted (train share for raw prompts)
+    records_exact: bool
+    sampled: int                      # records tokenized for the statistics
+    mean_tokens: float
+    mean_loss_tokens: float
+    skipped_fraction: float
+    total_tokens: float
+    assumed_response_tokens: Optional[int]
+    hidden_size: int
+    num_feature_layers: int
+    codec: Dict[str, Any]
+    probe_tokens: int = 0
+    codec_bytes_per_token: float = float("nan")
+    raw_bytes_per_token: int = 0
+    cache_bytes: float = float("nan")
+    raw_cache_bytes: float = float("nan")
+    free_bytes: int = 0
+    cache_path: str = ""
+    device: str = ""
+    capture_tok_s: float = float("nan")
+    encode_mb_s: float = float("nan")
+    decode_tok_s: float = float("nan")
+    decode_batch: int = 0
+    train_tok_s: float = float("nan")
+    regen_s: float = float("nan")
+    capture_s: float = float("nan")
+    train_s: float = float("nan")
+    notes: List[str] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool:
+        return not (self.cache_bytes > self.free_bytes)
+
+
+# -- data sample ---------------------------------------------------------------------------------------
+def _count_lines(path: Path) -> int:
+    n = 0
+    with open(path, "rb") as f:
+        for line in f:
+            n += bool(line.strip())
+    return n
+
+
+def _regen_sample(path: Path, limit: int) -> List[List[Dict[str, str]]]:
+    out = []
+    with open(path, "rb") as f:
+        for line in f:
+            if len(out) >= limit:
+                break
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+                conv = rec["conversations"]
+            except (ValueError, KeyError, TypeError):
+                continue
+            if isinstance(conv, list) and conv:
+                out.append(conv)
+    return out
+
+
+def _source_sample(cfg, prompts_path: Optional[Path], limit: int, count_s: float):
+    """(sample of message lists, counted records, exact?) from the raw prompt source."""
+    from ..data import DataError, fallback_id, iter_jsonl, iter_source, record_to_conversation
+    from ..data.sources import column_mapping
+    it = iter_jsonl(prompts_path) if prompts_path is not None else iter_source(cfg.data)
+    columns = {} if prompts_path is not None else column_mapping(cfg.data)
+    sample, n, exact = [], 0, True
+    cap = cfg.data.max_samples
+    t0 = time.monotonic()
+    for rec in it:
+        if rec.error is not None:
+            continue
+        if cap is not None and n >= cap:
+            break
+        if len(sample) < limit:
+            try:
+                conv = record_to_conversation(rec.value, origin=rec.origin,
+                                              default_id=fallback_id(rec.source_key, rec.line), columns=columns)
+            except DataError:
+                continue
+            sample.append(conv.messages)
+        n += 1
+        if time.monotonic() - t0 > count_s:
+            exact = False
+            break
+    return sample, n, exact
+
+
+# -- probes ---------------------------------------------------------------------------------------------
+def _encode(target, convs, max_length: int, response_tokens: int):
+    """Token ids + loss masks; user-only records get ``response_tokens`` assumed per turn."""
+    from ..targets.chat import encode_prompt
+    items, assumed = [], 0
+    for conv in convs:
+        try:
+            if any(m.get("role") == "assistant" and m.get("content") for m in conv):
+                enc = target.encode_chat(conv)
+                ids, mask = list(enc.input_ids), list(enc.loss_mask)
+            else:
+                turns = sum(m.get("role") == "user" for m in conv) or 1
+                ids = encode_prompt(target.tokenizer, conv, **target.chat_template_kwargs)
+                ids = ids + [ids[-1]] * (response_tokens * turns)  # stand-in tokens for the answers
+                mask = [0] * (len(ids) - response_tokens * turns) + [1] * (response_tokens * turns)
+                assumed += 1
+        except Exception:  # a record the template cannot render: counted as skipped
+            items.append(None)
+            continue
+        ids, mask = ids[:max_length], mask[:max_length]
+        items.append((ids, mask) if any(mask) else None)
+    return items, assumed
+
+
+def _probe_capture(target, codec, items, probe_tokens: int, batch_tokens: int):
+    """(tokens, bytes/token incl. ids+mask, capture tok/s, encode MB/s, captured samples)."""
+    chosen, tot = [], 0
+    for k, (ids, mask) in enumerate(items):
+        ids = ids[: max(1, probe_tokens - tot)] if tot else ids[:probe_tokens]
+        mask = mask[: len(ids)]
+        chosen.append({"index": k, "id": str(k), "ids": np.asarray(ids, np.int32),
+                       "mask": np.asarray(mask, np.uint8)})
+        tot += len(ids)
+        if tot >= probe_tokens:
+            break
+    pad = _pad_id(target)
+    batches = list(_batches(chosen, batch_tokens))
+    _capture(target, batches[-1][:1], pad)  # warm-up (kernels, caches)
+    cap_t = enc_t = 0.0
+    nbytes = raw = 0
+    captured = []
+    for batch in batches:
+        t0 = time.perf_counter()
+        f, h = _capture(target, batch, pad)
+        if target.device.type == "cuda":
+            torch.cuda.synchronize()
+        t1 = time.perf_counter()
+        for b, it in enumerate(batch):
+            row = _encode_row(codec, it, f[b], h[b])
+            nbytes += len(row["input_ids"]) + len(row["loss_mask"]) + len(row["features"]) + len(row["last_hidden"])
+            t = len(it["ids"])
+            raw += t * 2 * (f.shape[-1] + h.shape[-1])
+            captured.append({"input_ids": torch.from_numpy(it["ids"].astype(np.int64)),
+                             "loss_mask": torch.from_numpy(it["mask"].astype(bool)),
+                             "features": f[b, :t], "last_hidden": h[b, :t]})
+        enc_t += time.perf_counter() - t1
+        cap_t += t1 - t0
+    return tot, nbytes / tot, tot / cap_t, raw / enc_t / 1e6, captured
+
+
+@torch.inference_mode()
+def _probe_decode(target, prompts: List[List[int]], steps: int) -> float:
+    """Greedy KV-cached decode tokens/s at batch len(prompts) (left-aligned equal-length prompts)."""
+    T = min(len(p) for p in prompts)
+    ids = torch.tensor([p[:T] for p in prompts], dtype=torch.long, device=target.device)
+    out = target.decode(ids)
+    nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+    pkv = out.past_key_values
+    sync = torch.cuda.synchronize if target.device.type == "cuda" else (lambda: None)
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        out = target.decode(nxt, past_key_values=pkv)
+        pkv = out.past_key_values
+        nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+    sync()
+    return len(prompts) * steps / (time.perf_counter() - t0)
+
+
+def _probe_train(target, cfg, captured) -> float:
+    """Drafter forward+backward tokens/s on captured probe samples (micro batch of the config)."""
+    from ..drafts import build_drafter
+    from ..train.anchors import sample_anchors
+    from ..train.data import collate
+    drafter = build_drafter(target, cfg.draft)
+    drafter.train()
+    gamma = int(cfg.draft.gamma)
+    mb = max(1, min(int(cfg.train.micro_batch_sequences), len(captured)))
+    samples = captured[:mb]
+    anchors = [sample_anchors(s["loss_mask"], gamma, cfg.train.anchors_per_sequence, seed=i)
+               for i, s in enumerate(samples)]
+    batch = collate(samples, anchors)
+    batch = {k: (v.to(target.device, target.dtype) if k in ("features", "last_hidden") else v.to(target.device))
+             for k, v in batch.items()}
+    params = [p for p in drafter.parameters() if p.requires_grad]
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        out = drafter(batch)
+        out["loss"].backward()
+        for p in params:
+            p.grad = None
+        if target.device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    tokens = int(batch["attention_mask"].sum())
+    return tokens / min(times[1:])
+
+
+def _free_bytes(path: Path) -> int:
+    p = Path(path).absolute()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return shutil.disk_usage(p).free
+
+
+# -- estimate -------------------------------------------------------------------------------------------
+def estimate(cfg, target=None, prompts_path=None, sample_records: int = 256, probe_tokens: int = 2048,
+             decode_steps: int = 16, decode_batch: int = 8, assumed_response_tokens: int = 512,
+             count_seconds: float = 120.0, train_probe: bool = True) -> Plan:
+    notes: List[str] = []
+    regen = paths.regen_path(cfg)
+    heldout = 0.0
+    if prompts_path is None and regen.is_file():
+        source = f"regen {regen}"
+        n, exact = _count_lines(regen), True
+        convs = _regen_sample(regen, sample_records)
+    else:
+        pp = Path(prompts_path) if prompts_path is not None else None
+        source = f"prompts {pp}" if pp else f"data.source={cfg.data.source}"
+        convs, n, exact = _source_sample(cfg, pp, sample_records, count_seconds)
+        heldout = float(cfg.data.heldout_fraction)
+        if not exact:
+            notes.append(f"record count stopped after {count_seconds:.0f} s: {n:,} is a lower bound")
+        notes.append(f"raw prompts: original answers stand in for regenerated ones; "
+                     f"{heldout:.0%} held out")
+    if not convs:
+        raise SystemExit(f"deepspec plan: no readable conversations in {source}")
+    if target is None:
+        from ..targets import load_target
+        target = load_target(cfg.target)
+    codec = codec_from_config(cfg.cache)
+    items, assumed = _encode(target, convs, int(cfg.data.max_length), assumed_response_tokens)
+    ok = [it for it in items if it is not None]
+    if not ok:
+        raise SystemExit("deepspec plan: no sampled conversation has assistant tokens within data.max_length")
+    records = n * (1.0 - heldout)
+    keep = len(ok) / len(items)
+    mean_t = float(np.mean([len(i) for i, _ in ok]))
+    mean_l = float(np.mean([sum(m) for _, m in ok]))
+    total_tokens = records * keep * mean_t
+    L, H = len(target.layer_ids), int(target.hidden_size)
+    plan = Plan(source=source, records=int(round(records)), records_exact=exact, sampled=len(items),
+                mean_tokens=mean_t, mean_loss_tokens=mean_l, skipped_fraction=1 - keep, total_tokens=total_tokens,
+                assumed_response_tokens=assumed_response_tokens if assumed else None, hidden_size=H,
+                num_feature_layers=L, codec=codec.spec(), raw_bytes_per_token=raw_bytes_per_token(H, L),
+                cache_path=str(paths.cache_dir(cfg)), device=str(target.device), notes=notes)
+    if assumed:
+        notes.append(f"{assumed} of {len(items)} sampled records have no answers: "
+                     f"assumed {assumed_response_tokens} response tokens per user turn")
+    plan.free_bytes = _free_bytes(paths.cache_dir(cfg))
+    plan.raw_cache_bytes = total_tokens * plan.raw_bytes_per_token
+    # capture + codec probe
+    tot, bpt, cap_tps, enc_mbs, captured = _probe_capture(target, codec, ok, probe_tokens,
+                                                          max(1, int(cfg.cache.batch_tokens)))
+    plan.probe_tokens, plan.codec_bytes_per_token = tot, bpt
+    plan.capture_tok_s, plan.encode_mb_s = cap_tps, enc_mbs
+    plan.cache_bytes = total_tokens * bpt
+    enc_tps = enc_mbs * 1e6 / (2 * H * (L + 1))
+    plan.capture_s = total_tokens / min(cap_tps, enc_tps * max(1, int(cfg.cache.encode_threads)))
+    # regeneration probe
+    try:
+        prompts = [i[: max(8, min(64, len(i)))] for i, _ in ok[:decode_batch]]
+        plan.decode_batch = len(prompts)
+        plan.decode_tok_s = _probe_decode(target, prompts, decode_steps)
+        plan.regen_s = records * keep * mean_l / plan.decode_tok_s
+        notes.append(f"regeneration: HF greedy decode at batch {len(prompts)}; a serving engine with larger "
+                     "batches is usually much faster")
+    except Exception as e:  # pragma: no cover - depends on the target family
+        notes.append(f"regeneration probe failed: {type(e).__name__}: {e}")
+    # training probe
+    if train_probe:
+        try:
+            plan.train_tok_s = _probe_train(target, cfg, captured)
+            epochs = int(cfg.train.epochs)
+            plan.train_s = epochs * total_tokens / plan.train_tok_s
+            notes.append(f"training: {cfg.draft.algorithm} forward+backward on probe batches, {epochs} epochs, "
+                         "one device (divide by the number of GPUs)")
+        except Exception as e:
+            notes.append(f"training probe unavailable: {type(e).__name__}: {e}")
+    return plan
+
+
+# -- report ----------------------------------------------------------------------------------------------
+def _b(n: float) -> str:
+    if not math.isfinite(n):
+        return "n/a"
+    for unit in ("B", "KB", "MB", "GB", "TB", "PB"):
+        if abs(n) < 1000 or unit == "PB":
+            return f"{n:,.1f} {unit}"
+        n /= 1000
+    return str(n)
+
+
+def _t(s: float) -> str:
+    if not math.isfinite(s):
+        return "n/a"
+    if s < 120:
+        return f"{s:,.0f} s"
+    if s < 7200:
+        return f"{s / 60:,.1f} min"
+    if s < 172800:
+        return f"{s / 3600:,.1f} h"
+    return f"{s / 86400:,.1f} days"
+
+
+def format_plan(p: Plan) -> str:
+    L, H = p.num_feature_layers, p.hidden_size
+    rows = [
+        ("source", p.source, ""),
+        ("records", f"{p.records:,}{'' if p.records_exact else '+'}",
+         f"{p.skipped_fraction:.1%} of {p.sampled} sampled skipped (no answer tokens)"),
+        ("tokens / sample", f"{p.mean_tokens:,.0f}", f"{p.mean_loss_tokens:,.0f} answer (loss) tokens"),
+        ("total tokens", f"{p.total_tokens:,.0f}", ""),
+        ("", "", ""),
+        ("cache layout", "bytes/token", "total"),
+        (f"raw (6 + 2·{H}·({L}+1))", f"{p.raw_bytes_per_token:,}", _b(p.raw_cache_bytes)),
+        (f"codec {p.codec['name']} {json.dumps(p.codec['params'], sort_keys=True)}",
+         f"{p.codec_bytes_per_token:,.1f}", _b(p.cache_bytes)),
+        ("ratio vs raw", f"{p.raw_bytes_per_token / p.codec_bytes_per_token:.3f}x",
+         f"measured on {p.probe_tokens:,} captured tokens"),
+        ("free disk", "", f"{_b(p.free_bytes)} at {p.cache_path}"),
+        ("", "", ""),
+        (f"time on {p.device}", "throughput", "estimate"),
+        ("regeneration", f"{p.decode_tok_s:,.0f} tok/s" if math.isfinite(p.decode_tok_s) else "n/a", _t(p.regen_s)),
+        ("capture + encode", f"{p.capture_tok_s:,.0f} tok/s, {p.encode_mb_s:,.0f} MB/s enc", _t(p.capture_s)),
+        ("training", f"{p.train_tok_s:,.0f} tok/s" if math.isfinite(p.train_tok_s) else "n/a", _t(p.train_s)),
+    ]
+    w0 = max(len(r[0]) for r in rows)
+    w1 = max(len(r[1]) for r in rows)
+    lines = ["deepspec plan", "-" * (w0 + w1 + 40)]
+    lines += [f"{a:<{w0}}  {b:>{w1}}  {c}".rstrip() for a, b, c in rows]
+    lines.append("-" * (w0 + w1 + 40))
+    lines += [f"note: {n}" for n in p.notes]
+    if not p.fits:
+        lines.append(f"ERROR: the estimated cache ({_b(p.cache_bytes)}) exceeds the free disk "
+                     f"({_b(p.free_bytes)}) at {p.cache_path}")
+    return "\n".join(lines)
+
+
+def run(cfg, prompts_path=None, target=None, out: Optional[TextIO] = None, **kw) -> int:
+    """Print the plan; return 2 when the cache would not fit on disk (else 0)."""
+    plan = estimate(cfg, target=target, prompts_path=prompts_path, **kw)
+    print(format_plan(plan), file=out or sys.stdout)
+    return 0 if plan.fits else 2
+
+
+def plan_dict(plan: Plan) -> Dict[str, Any]:
+    return asdict(plan)
