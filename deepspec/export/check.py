@@ -251,6 +251,9 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint", help="draft checkpoint or `deepspec export` output directory")
     p.add_argument("overrides", nargs="*", help="target overrides, e.g. target.path=Qwen/Qwen3-4B target.dtype=float32")
+    p.add_argument("--target", action="append", default=[], metavar="KEY=VALUE",
+                   help="target override (repeatable): dtype=float32, target.layer_ids=[1,9], or a conf/target "
+                        "choice NAME")
     p.add_argument("--target-path", help="target model (HF id, directory, .gguf, reference:NAME, tiny:FAMILY)")
     p.add_argument("--conversations", help="JSON / JSONL file of conversations to render (default: built-in)")
     p.add_argument("--chat-template-kwargs", help="JSON dict the server passes to apply_chat_template "
@@ -262,17 +265,18 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[List[str]] = None) -> int:
     from ..config import ConfigError
     from ..targets import load_target
-    from .common import resolve_target_config
+    from .common import resolve_target_config, target_overrides
     from .errors import ExportError
     args = build_parser().parse_intermixed_args(list(sys.argv[1:] if argv is None else argv))
     path = Path(args.checkpoint)
+    overrides = [*args.overrides, *target_overrides(args.target)]
     try:
         rec = _recorded(path)
         from .common import Checkpoint
         ck = Checkpoint(path, {"target": rec["target"]}, rec["run"] if isinstance(rec["run"], dict) else None)
-        if not (args.target_path or args.overrides or (ck.run or {}).get("target")):
+        if not (args.target_path or overrides or (ck.run or {}).get("target")):
             raise ConfigError("no target: give --target-path or target.* overrides (the checkpoint has no run.yaml)")
-        tcfg = resolve_target_config(ck, args.target_path, args.overrides, default_layer_ids=False)
+        tcfg = resolve_target_config(ck, args.target_path, overrides, default_layer_ids=False)
         server_kw = json.loads(args.chat_template_kwargs) if args.chat_template_kwargs else None
         if server_kw is not None and not isinstance(server_kw, dict):
             raise ConfigError("--chat-template-kwargs must be a JSON object")

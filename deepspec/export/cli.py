@@ -20,6 +20,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("checkpoint", help="draft checkpoint directory (config.json + model.safetensors)")
     p.add_argument("out", help="output directory (must not exist or be empty unless --force)")
     p.add_argument("overrides", nargs="*", help="target overrides, e.g. target.path=Qwen/Qwen3-4B target.dtype=bfloat16")
+    p.add_argument("--target", action="append", default=[], metavar="KEY=VALUE",
+                   help="target override (repeatable): dtype=float32, target.layer_ids=[1,9], or a conf/target "
+                        "choice NAME")
     p.add_argument("--target-path", help="target model (HF id, directory, .gguf, reference:NAME, tiny:FAMILY)")
     p.add_argument("--results", help="eval results.json (or its directory) to put τ in the model card")
     p.add_argument("--allow-drop-heads", action="store_true",
@@ -33,12 +36,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[List[str]] = None) -> int:
     from ..config import ConfigError
     from .api import export_draft
+    from .common import target_overrides
     from .errors import ExportError, ExportUnsupported
     args = build_parser().parse_intermixed_args(list(sys.argv[1:] if argv is None else argv))
     try:
         res = export_draft(args.checkpoint, args.out, args.fmt, target_path=args.target_path,
-                           overrides=args.overrides, results=args.results, allow_drop_heads=args.allow_drop_heads,
-                           force=args.force, verify=not args.no_verify)
+                           overrides=[*args.overrides, *target_overrides(args.target)], results=args.results,
+                           allow_drop_heads=args.allow_drop_heads, force=args.force, verify=not args.no_verify)
     except ExportUnsupported as e:
         print(f"deepspec export: unsupported: {e}", file=sys.stderr)
         return 3

@@ -131,6 +131,19 @@ def has_target_source(ckpt: Checkpoint, target_path: Optional[str], overrides: S
     return bool(target_path or overrides or (ckpt.run or {}).get("target"))
 
 
+def target_overrides(values) -> List[str]:
+    """``--target`` values → Hydra overrides: ``dtype=float32`` / ``target.dtype=float32`` →
+    ``target.dtype=float32``; a bare ``NAME`` → the group choice ``target=NAME``."""
+    out = []
+    for v in values or []:
+        if "=" not in v:
+            out.append(f"target={v}")
+            continue
+        key = v.split("=", 1)[0]
+        out.append(v if key == "target" or key.startswith("target.") or key == "recipe" else f"target.{v}")
+    return out
+
+
 # -- run metadata -------------------------------------------------------------------------------
 def training_data(run: Optional[Dict[str, Any]]) -> Dict[str, Any]:
     """The data section of run.yaml, reduced to what identifies the training set."""

@@ -209,7 +209,7 @@ def test_self_check_and_import_catch_broken_exports(target, tmp_path):
 
 def test_cli_export_exit_codes(target, tmp_path, capsys):
     ckpt = _save(_trained(target, "dspark", sequential_head="rnn"), tmp_path / "ckpt")
-    tgt = ["--target-path", TINY, "target.dtype=float32", "target.layer_ids=[1,2]"]
+    tgt = ["--target-path", TINY, "target.dtype=float32", "--target", "layer_ids=[1,2]"]
     assert export_main(["--to", "sglang", str(ckpt), str(tmp_path / "sg"), *tgt]) == 0
     assert "self-check" in capsys.readouterr().out
     assert export_main(["--to", "vllm", str(ckpt), str(tmp_path / "v"), *tgt]) == 3

@@ -103,3 +103,9 @@ def test_parameter_table_refuses_unknown_and_flags_unrepresentable():
         mapping.from_engine({"mystery.weight": torch.zeros(1)})
     bad = mapping.unrepresentable(["in_proj.weight", "out_proj.weight", "conf_head.w1.weight", "norm.weight"])
     assert set(bad) == {"in_proj.weight", "out_proj.weight", "conf_head.w1.weight"}
+
+
+def test_target_flag_values_become_hydra_overrides():
+    from deepspec.export.common import target_overrides
+    assert target_overrides(["dtype=float32", "target.layer_ids=[1,2]", "qwen3_4b", "target=x"]) == [
+        "target.dtype=float32", "target.layer_ids=[1,2]", "target=qwen3_4b", "target=x"]
