@@ -1,7 +1,9 @@
 """The parallel block drafter: DFlash, and DSpark = DFlash + sequential/confidence heads.
 
 One class, one code path.  "dspark" builds it with the configured heads;
-"dflash" is registered as the same class with both heads forced off.
+"dflash" is registered as the same class with both heads forced off.  Loss
+weights always come from ``cfg.loss`` (conf/draft/dflash.yaml sets DFlash's CE 1.0,
+TV 0; the dataclass defaults are DSpark's 0.1 / 0.9 / 1.0).
 
 Backbone
     ``H_ctx = RMSNorm(Linear(features))``; each draft layer attends to
@@ -32,6 +34,7 @@ Decoding
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Dict, List, Optional
 
 import torch
@@ -120,7 +123,9 @@ class ParallelDrafter(Drafter):
         return base.reshape(*lead, *base.shape[-2:]), (None if conf is None else conf.reshape(*lead, -1))
 
     # -- training -----------------------------------------------------------------------------
-    def _prepare(self, batch: Dict[str, torch.Tensor]):
+    def _prepare(self, batch: Dict[str, torch.Tensor]) -> SimpleNamespace:
+        """Everything a training/teacher-forced pass needs, gathered per anchor (k = 1..γ):
+        tokens x_{p+k}, teacher inputs x_{p+k-1}, target hidden last_hidden[p+k-1], validity."""
         dev = self.device
         ids = batch["input_ids"].to(dev)
         B, T = ids.shape
@@ -133,8 +138,12 @@ class ParallelDrafter(Drafter):
         span = anchors.unsqueeze(-1) + torch.arange(g + 1, device=dev)                 # p .. p+γ
         lengths = am.sum(1, keepdim=True)
         valid = (anchors >= 0) & (anchors + g < lengths) & _gather_pos(lm, span).all(-1)
-        ctx_kv = self._context_kv(batch["features"].to(dev), torch.arange(T, device=dev).expand(B, T))
-        return ids, am, anchors, valid, ctx_kv
+        pos_prev = span[..., :g]                                                        # p+k-1 for k=1..γ
+        return SimpleNamespace(
+            ids=ids, am=am, anchors=anchors, valid=valid,
+            ctx_kv=self._context_kv(batch["features"].to(dev), torch.arange(T, device=dev).expand(B, T)),
+            tokens=_gather_pos(ids, pos_prev + 1), prev=_gather_pos(ids, pos_prev),
+            tgt_hidden=_gather_pos(batch["last_hidden"].to(dev), pos_prev))
 
     def _chunk_loss(self, hn, tgt_hidden, tokens, prev, valid):
         lc = self.cfg.loss
@@ -143,7 +152,7 @@ class ParallelDrafter(Drafter):
             tgt_logits = self.lm_logits(tgt_hidden)
         terms = token_terms(logits, tgt_logits, tokens, conf)
         per = lc.ce_weight * terms["ce"] + lc.tv_weight * terms["tv"]
-        if conf is not None and lc.conf_weight:
+        if conf is not None:  # always in the graph (weight 0 included): no unused parameters under DDP
             per = per + lc.conf_weight * terms["bce"]
         w = position_weights(self.cfg.gamma, lc.position_decay, hn.device)
         vm = valid.unsqueeze(-1).expand_as(per)
@@ -151,43 +160,39 @@ class ParallelDrafter(Drafter):
         return num, stat_sums(terms, vm)
 
     def forward(self, batch: Dict[str, torch.Tensor]) -> Dict[str, object]:
-        ids, am, anchors, valid, ctx_kv = self._prepare(batch)
-        B, N = anchors.shape
+        b = self._prepare(batch)
+        B, N = b.anchors.shape
         g = self.cfg.gamma
-        k = torch.arange(g, device=ids.device)
-        pos_prev = anchors.clamp(min=0).unsqueeze(-1) + k                                # p+k-1 for k=1..γ
-        tokens, prev = _gather_pos(ids, pos_prev + 1), _gather_pos(ids, pos_prev)
-        tgt_hidden = _gather_pos(batch["last_hidden"].to(ids.device), pos_prev)
-        w = position_weights(g, self.cfg.loss.position_decay, ids.device)
-        denom = (valid.sum() * w.sum()).clamp(min=1e-8)
+        w = position_weights(g, self.cfg.loss.position_decay, b.ids.device)
+        denom = (b.valid.sum() * w.sum()).clamp(min=1e-8)
         step = max(1, self.cfg.loss.chunk_size // max(B, 1)) if self.cfg.loss.chunk_size > 0 else N
         total, stats = None, None
         for s in range(0, N, step):
-            a = anchors[:, s:s + step]
-            mask = self._block_mask(a, am)
-            hn = self._backbone(_gather_pos(ids, a), a, ctx_kv, mask)
-            num, st = checkpointed(self._chunk_loss, hn, tgt_hidden[:, s:s + step], tokens[:, s:s + step],
-                                   prev[:, s:s + step], valid[:, s:s + step])
+            a, sl = b.anchors[:, s:s + step], slice(s, s + step)
+            hn = self._backbone(_gather_pos(b.ids, a), a, b.ctx_kv, self._block_mask(a, b.am))
+            num, st = checkpointed(self._chunk_loss, hn, b.tgt_hidden[:, sl], b.tokens[:, sl], b.prev[:, sl],
+                                   b.valid[:, sl])
             total = num if total is None else total + num
             stats = st if stats is None else stats + st
         if total is None:  # no anchor columns at all
             total = sum(p.sum() for p in self.parameters()) * 0.0
-            stats = torch.zeros(len(STAT_ROWS), g, device=ids.device)
+            stats = torch.zeros(len(STAT_ROWS), g, device=b.ids.device)
         metrics = metrics_from_stats(stats)
-        metrics["blocks"] = float(valid.sum())
+        metrics["blocks"] = float(b.valid.sum())
         loss = total / denom
         metrics["loss"] = float(loss.detach())
         return {"loss": loss, "metrics": metrics}
 
     @torch.no_grad()
     def block_logits(self, batch: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
-        """Teacher-forced logits of every anchor's block, as in training: logits [B, N, γ, V],
-        confidence logits [B, N, γ] (or None), valid [B, N]."""
-        ids, am, anchors, valid, ctx_kv = self._prepare(batch)
-        pos_prev = anchors.clamp(min=0).unsqueeze(-1) + torch.arange(self.cfg.gamma, device=ids.device)
-        hn = self._backbone(_gather_pos(ids, anchors), anchors, ctx_kv, self._block_mask(anchors, am))
-        logits, conf = self._logits(hn, _gather_pos(ids, pos_prev))
-        return {"logits": logits, "confidence": conf, "valid": valid}
+        """Teacher-forced pass over all anchors at once (no chunking), as in training:
+        logits [B, N, γ, V] (fp32), confidence logits [B, N, γ] or None, the tokens they
+        predict [B, N, γ], the target's hidden state for each [B, N, γ, H], valid [B, N]."""
+        b = self._prepare(batch)
+        hn = self._backbone(_gather_pos(b.ids, b.anchors), b.anchors, b.ctx_kv, self._block_mask(b.anchors, b.am))
+        logits, conf = self._logits(hn, b.prev)
+        return {"logits": logits, "confidence": conf, "tokens": b.tokens, "target_hidden": b.tgt_hidden,
+                "valid": b.valid}
 
     # -- decoding -------------------------------------------------------------------------------
     @torch.no_grad()

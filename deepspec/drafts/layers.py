@@ -143,11 +143,12 @@ class Attention(nn.Module):
         q = self.rotary(self.q_norm(self._heads(self.q_proj(x), self.dims.num_heads)), positions)
         k, v = self.project_kv(x, positions)
         K, V = (k, v) if prefix is None else (torch.cat([prefix[0], k], 2), torch.cat([prefix[1], v], 2))
-        rep = self.dims.num_heads // self.dims.num_kv_heads
-        if rep > 1:
-            K, V = K.repeat_interleave(rep, dim=1), V.repeat_interleave(rep, dim=1)
         K, V = K.to(q.dtype), V.to(q.dtype)
-        out = F.scaled_dot_product_attention(q, K, V, attn_mask=mask)
+        rep = self.dims.num_heads // self.dims.num_kv_heads
+        if rep > 1 and mask is not None:
+            # explicit masks: repeat K/V so CUDA can pick the memory-efficient kernel
+            K, V = K.repeat_interleave(rep, dim=1), V.repeat_interleave(rep, dim=1)
+        out = F.scaled_dot_product_attention(q, K, V, attn_mask=mask, enable_gqa=rep > 1 and mask is None)
         B, _, n, _ = out.shape
         return self.o_proj(out.transpose(1, 2).reshape(B, n, -1)), (k, v)
 

@@ -87,6 +87,37 @@ def test_training_time_test_dependencies(tiny_qwen3):
         assert changed(b) == [j >= m for j in range(S)], m
 
 
+def test_loss_and_metrics_by_hand(tiny_llama):
+    """Soft CE to softmax(last_hidden[r+1+j]) for x_{r+2+j}, step weights step_decay**j, loss-masked only."""
+    t = tiny_llama
+    d = make_eagle(t, num_layers=1, loss=LossConfig(step_decay=0.5))
+    T = 10
+    batch = make_batch(t, random_ids(t, T, 9))
+    batch["loss_mask"][0, :3] = False
+    batch["loss_mask"][0, 6] = False
+    out = d(batch)
+    logits = d.step_logits(batch)[0]
+    ids, last, lm = batch["input_ids"][0], batch["last_hidden"][0], batch["loss_mask"][0]
+    num = den = 0.0
+    tv = {j: [] for j in range(S)}
+    ce = []
+    for j in range(S):
+        for r in range(T - 2 - j):
+            if not lm[r + 2 + j]:
+                continue
+            logq = torch.log_softmax(logits[j, r], -1)
+            pt = torch.softmax(t.logits_from_hidden(last[r + 1 + j]), -1)
+            num += 0.5 ** j * float(-(pt * logq).sum())
+            den += 0.5 ** j
+            tv[j].append(float(0.5 * (logq.exp() - pt).abs().sum()))
+            ce.append(float(-logq[ids[r + 2 + j]]))
+    m = out["metrics"]
+    assert float(out["loss"].detach()) == pytest.approx(num / den, rel=1e-5)
+    assert m["ce"] == pytest.approx(sum(ce) / len(ce), rel=1e-5)
+    for j in range(S):
+        assert m[f"accept_rate/{j + 1}"] == pytest.approx(1 - sum(tv[j]) / len(tv[j]), abs=1e-6)
+
+
 def test_chunked_equals_unchunked(tiny_llama):
     t = tiny_llama
     ids = torch.stack([random_ids(t, 12, 3), random_ids(t, 12, 4)])

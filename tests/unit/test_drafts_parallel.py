@@ -100,6 +100,7 @@ def test_block_mask(tiny_qwen3, name):
     assert changed(b).tolist() == [False, True]
     b = {k: v.clone() for k, v in batch.items()}
     b["input_ids"][0, p1] = (b["input_ids"][0, p1] + 1) % t.vocab_size
+    assert changed(b).tolist() == [True, False]      # ... and does not leak into the later block
     per_slot = (d.block_logits(b)["logits"][0, 0] - base[0]).abs().amax(-1)
     assert (per_slot > 1e-4).all()
     # bidirectional inside the block: slot 0 attends to the mask slots after it
@@ -126,6 +127,40 @@ def test_head_sees_only_the_prefix(tiny_llama, name):
             assert not diff[m + 1:].any()
         else:                                  # the RNN state carries it forward
             assert diff[m:].all()
+
+
+def test_loss_and_metrics_by_hand(tiny_llama):
+    """forward's loss/metrics == an independent computation from the teacher-forced logits."""
+    t = tiny_llama
+    d = make_drafter(t, "dspark_markov", loss=LossConfig(chunk_size=2, position_decay=3.0))
+    batch = make_batch(t, random_ids(t, 20, 8), [[0, 4, 9, 15, -1]])   # 15 + γ = 19 < 20: valid
+    batch["loss_mask"][0, 12] = False                                   # invalidates anchor 9
+    out = d(batch)
+    bl = d.block_logits(batch)
+    ids, last = batch["input_ids"][0], batch["last_hidden"][0]
+    rows = []
+    for n, p in enumerate([0, 4, 15]):
+        col = [0, 1, 3][n]
+        for k in range(1, G + 1):
+            logits = bl["logits"][0, col, k - 1]
+            q = torch.softmax(logits, -1)
+            pt = torch.softmax(t.logits_from_hidden(last[p + k - 1]), -1)
+            tv = 0.5 * (q - pt).abs().sum()
+            c = torch.sigmoid(bl["confidence"][0, col, k - 1])
+            bce = -((1 - tv) * c.log() + tv * (1 - c).log())
+            rows.append((k, float(-torch.log_softmax(logits, -1)[ids[p + k]]), float(tv), float(bce)))
+    w = {k: torch.exp(torch.tensor(-(k - 1) / 3.0)).item() for k in range(1, G + 1)}
+    loss = sum(w[k] * (0.1 * ce + 0.9 * tv + bce) for k, ce, tv, bce in rows) / (3 * sum(w.values()))
+    m = out["metrics"]
+    assert m["blocks"] == 3
+    assert float(out["loss"].detach()) == pytest.approx(loss, rel=1e-4)
+    assert m["ce"] == pytest.approx(sum(r[1] for r in rows) / len(rows), rel=1e-4)
+    assert m["tv"] == pytest.approx(sum(r[2] for r in rows) / len(rows), rel=1e-4, abs=1e-6)
+    for k in range(1, G + 1):
+        assert m[f"accept_rate/{k}"] == pytest.approx(1 - sum(r[2] for r in rows if r[0] == k) / 3, abs=1e-5)
+    acc = [[1 - r[2] for r in rows[i * G:(i + 1) * G]] for i in range(3)]
+    tau = 1 + sum(sum(torch.tensor(a[:k]).prod().item() for k in range(1, G + 1)) for a in acc) / 3
+    assert m["expected_tau"] == pytest.approx(tau, abs=1e-5)
 
 
 @pytest.mark.parametrize("name", ["dflash", "dspark_rnn"])
