@@ -1,0 +1,97 @@
+"""`deepspec eval` on a tiny target: files, numbers, greedy losslessness, checkpoint + STS + threshold."""
+import json
+
+import pytest
+import torch
+
+from deepspec.config import load_config
+
+BENCHES = "[gsm8k,humaneval,mt-bench]"
+
+
+def _cfg(tmp_path, eval_data_dir, *extra):
+    return load_config([
+        f"run_dir={tmp_path}", "target.path=tiny:llama", "target.dtype=float32", "target.device=cpu",
+        "target.num_feature_layers=2", "draft=dspark", "draft.num_layers=1", "draft.gamma=3", "draft.head_rank=16",
+        f"eval.data_dir={eval_data_dir}", f"eval.benchmarks={BENCHES}", "eval.max_samples=1",
+        "eval.max_new_tokens=12", "eval.temperature=0", "eval.progress=false", *extra])
+
+
+def _read_jsonl(p):
+    return [json.loads(x) for x in p.read_text().splitlines() if x.strip()]
+
+
+def test_eval_random_init_greedy_report(tmp_path, eval_data_dir):
+    from deepspec.eval.runner import run
+    torch.set_num_threads(1)
+    cfg = _cfg(tmp_path, eval_data_dir)
+    summary = run(cfg)
+    out = tmp_path / "eval"
+    for f in ("report.md", "results.json", "rollouts.jsonl", "samples.jsonl", "resolved_config.yaml",
+              "plots/conditional_acceptance.png", "plots/tau_per_benchmark.png", "plots/reliability.png",
+              "plots/threshold_sweep.png"):
+        assert (out / f).is_file() and (out / f).stat().st_size > 0, f
+    res = json.loads((out / "results.json").read_text())
+    assert res["config"]["eval"]["max_new_tokens"] == 12 and res["drafter"]["source"] == "random-init"
+    assert set(res["benchmarks"]) == {"gsm8k", "humaneval", "mt-bench"}
+    assert res["benchmarks"]["mt-bench"]["first_turn"]["requests"] == 1
+    assert res["benchmarks"]["mt-bench"]["all_turns"]["requests"] == 2
+    assert res["benchmarks"]["gsm8k"]["first_turn"] is None
+    assert set(res["domains"]) == {"math", "code", "chat"}
+    for b in res["benchmarks"].values():
+        m = b["all_turns"]
+        assert 1.0 <= m["tau"] <= 4.0 and m["rounds"] >= 1 and m["speedup"] > 0
+        assert 0 < m["generated_tokens"] <= 12 * m["requests"]
+    assert res["greedy_check"]["compared"] == 4 and res["greedy_check"]["matched"] == 4
+    assert res["speed"]["spec"]["verify_s"] > 0 and res["speed"]["baseline"]["tokens_per_s"] > 0
+    assert summary["overall"]["tau"] == pytest.approx(res["overall"]["tau"])
+    # rollouts: one line per round, readable by the scheduler's reader
+    rolls = _read_jsonl(out / "rollouts.jsonl")
+    assert len(rolls) == sum(b["all_turns"]["rounds"] for b in res["benchmarks"].values())
+    r0 = rolls[0]
+    assert set(r0) >= {"request_id", "round", "confidence", "accepted", "proposed", "draft_tokens"}
+    assert len(r0["confidence"]) == len(r0["draft_tokens"]) == 3
+    from deepspec.schedule.rollouts import read_rollouts
+    assert len(read_rollouts(out / "rollouts.jsonl")) == len(rolls)
+    samples = _read_jsonl(out / "samples.jsonl")
+    assert [s["request_id"] for s in samples] == ["gsm8k/0", "humaneval/0", "mt-bench/0/t0", "mt-bench/0/t1"]
+    report = (out / "report.md").read_text()
+    assert "Macro τ" in report and "mt-bench (turn 1)" in report and "Speedup" in report
+
+
+def test_eval_checkpoint_with_calibration_and_threshold(tmp_path, eval_data_dir):
+    from deepspec.drafts.registry import build_drafter
+    from deepspec.eval.runner import run
+    from deepspec.schedule.calibration import Calibration
+    from deepspec.targets import load_target
+    torch.set_num_threads(1)
+    base = _cfg(tmp_path, eval_data_dir)
+    target = load_target(base.target)
+    ckpt = tmp_path / "ckpt"
+    torch.manual_seed(0)
+    build_drafter(target, base.draft).save_pretrained(ckpt)
+    Calibration(temperatures=[2.0, 2.0, 2.0], gamma=3).save(ckpt)
+    cfg = _cfg(tmp_path, eval_data_dir, f"eval.checkpoint={ckpt}", "eval.confidence_threshold=0.2",
+               "eval.benchmarks=[gsm8k]", f"eval.out_dir={tmp_path / 'ev2'}")
+    run(cfg)
+    res = json.loads((tmp_path / "ev2" / "results.json").read_text())
+    assert res["drafter"]["source"] == str(ckpt)
+    assert res["confidence"]["temperatures"] == [2.0, 2.0, 2.0]
+    assert "reliability_calibrated" in res["confidence"]
+    assert res["setup"]["policy"].startswith("threshold")
+    assert res["greedy_check"]["matched"] == res["greedy_check"]["compared"] == 1
+    rolls = _read_jsonl(tmp_path / "ev2" / "rollouts.jsonl")
+    assert all(0 <= r["accepted"] <= r["proposed"] <= 3 for r in rolls)
+
+
+def test_eval_oracle_reference_drafter_upper_bound(tmp_path, eval_data_dir):
+    from deepspec.eval.runner import run
+    torch.set_num_threads(1)
+    cfg = _cfg(tmp_path, eval_data_dir, "draft.algorithm=target_as_draft", "eval.benchmarks=[mbpp]",
+               "eval.max_new_tokens=17", "eval.measure_baseline=false")
+    s = run(cfg)
+    m = s["benchmarks"]["mbpp"]["all_turns"]
+    assert m["conditional_acceptance"] == [1.0, 1.0, 1.0]
+    # 1 prefill token + 4 full rounds of γ+1 = 17 tokens
+    assert m["rounds"] == 4 and m["tau"] == 4.0 and s["greedy_check"] is None
+    assert s["speed"]["baseline"] is None
