@@ -108,6 +108,18 @@ def verify_export(out: Path, fmt: str, original, target, nothing_dropped: bool, 
     return got
 
 
+_ST_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64}
+
+
+def _stored_dtype(ckpt) -> Optional[torch.dtype]:
+    """The floating-point dtype the checkpoint stores its weights in (exports keep it)."""
+    from safetensors import safe_open
+    with safe_open(str(ckpt.weights_path()), framework="pt") as f:
+        kinds = {f.get_slice(k).get_dtype() for k in f.keys()}
+    floats = [_ST_DTYPES[k] for k in kinds if k in _ST_DTYPES]
+    return floats[0] if len(floats) == 1 else None
+
+
 def export_draft(ckpt_path, out, fmt: str, *, target_path: Optional[str] = None, overrides: Sequence[str] = (),
                  results: Optional[str] = None, allow_drop_heads: bool = False, force: bool = False,
                  verify: bool = True, target=None) -> ExportResult:
@@ -160,7 +172,7 @@ def export_draft(ckpt_path, out, fmt: str, *, target_path: Optional[str] = None,
             shutil.copy2(ckpt.path / WEIGHTS_NAME, tmp / WEIGHTS_NAME)
         else:
             plan, engine_cfg = engines.export_engine(fmt, drafter, target, tcfg, tmp, allow_drop_heads,
-                                                     draft_meta=ckpt.draft)
+                                                     draft_meta=ckpt.draft, dtype=_stored_dtype(ckpt))
             result.dropped, result.warnings = list(plan.dropped), list(plan.warnings)
             nothing_dropped = not plan.dropped
             for w in plan.warnings:

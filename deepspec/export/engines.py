@@ -260,8 +260,11 @@ def target_blockers(target) -> List[str]:
 
 # -- export ------------------------------------------------------------------------------------------------
 def export_engine(fmt: str, drafter, target, target_cfg, out: Path, allow_drop_heads: bool = False,
-                  draft_meta: Optional[Dict[str, Any]] = None) -> Tuple[Plan, Dict[str, Any]]:
-    """Write ``config.json`` + ``model.safetensors`` of ``drafter`` in ``fmt`` into ``out``."""
+                  draft_meta: Optional[Dict[str, Any]] = None,
+                  dtype: Optional[torch.dtype] = None) -> Tuple[Plan, Dict[str, Any]]:
+    """Write ``config.json`` + ``model.safetensors`` of ``drafter`` in ``fmt`` into ``out``.
+
+    ``dtype``: the dtype to store floating-point weights in (default: the drafter's)."""
     from safetensors.torch import save_file
     meta = dict(draft_meta or dataclasses.asdict(drafter.cfg))
     meta["_n_feature_layers"] = len(target.layer_ids)
@@ -274,8 +277,9 @@ def export_engine(fmt: str, drafter, target, target_cfg, out: Path, allow_drop_h
         plan.warnings.append(f"layer id {target.num_layers - 1} is the target's last decoder layer: vLLM captures "
                              "the input of layer k, so it needs aux id = num_layers, which not every vLLM model "
                              "captures")
-    dtype = next(iter(state.values())).dtype
-    weights = mapping.to_engine(state, drop_parts=plan.drop_parts)
+    dtype = dtype or next(iter(state.values())).dtype
+    weights = {k: v.to(dtype) if v.is_floating_point() else v
+               for k, v in mapping.to_engine(state, drop_parts=plan.drop_parts).items()}
     cfg = (vllm_config if fmt == "vllm" else sglang_config)(drafter, target, target_cfg, plan, dtype)
     schemas.check(cfg, SCHEMA_OF[fmt])
     write_json(out / CONFIG_NAME, cfg)
@@ -344,10 +348,8 @@ def _build_from_engine(where: str, layer: Dict[str, Any], target, *, our_layer_i
     if layer.get("rope_scaling") not in (None, {}) or (layer.get("rope_parameters") or {}).get(
             "rope_type", "default") != "default":
         raise ImportUnsupported(f"{where}: scaled RoPE has no deepspec draft-layer equivalent")
-    drafter = build_drafter(target, cfg)
+    drafter = build_drafter(target, cfg)        # parameters in the default dtype, as `load_drafter` does
     ours = mapping.from_engine(weights)
-    dtype = next(iter(ours.values())).dtype if ours else torch.float32
-    drafter = drafter.to(dtype)
     missing, unexpected = drafter.load_state_dict(ours, strict=False)
     if missing or unexpected:
         raise ImportUnsupported(f"{where}: weights do not fit a {algorithm} drafter: missing {sorted(missing)}, "

@@ -110,16 +110,17 @@ def test_sglang_dspark_rnn_round_trip(target, tmp_path):
 
 
 def test_headless_dflash_vllm_only(target, tmp_path):
-    d = _trained(target, "dflash", seed=2)
-    ckpt = _save(d, tmp_path / "ckpt")
+    from deepspec.drafts import load_drafter
+    ckpt = _save(_trained(target, "dflash", seed=2).to(torch.bfloat16), tmp_path / "ckpt")    # bf16 checkpoint
     export_draft(ckpt, tmp_path / "v", "vllm", target=target, target_path=TINY)
     cfg = json.loads((tmp_path / "v" / "config.json").read_text())
     # DSpark layout with the Markov head off: the speculators `dflash` runtime reads slots one position later
     assert (cfg["speculators_model_type"], cfg["markov_rank"], cfg["enable_confidence_head"]) == ("dspark", 0, False)
-    assert cfg["sample_from_anchor"] is True
+    assert cfg["sample_from_anchor"] is True and cfg["torch_dtype"] == "bfloat16"
+    assert {t.dtype for t in load_file(str(tmp_path / "v" / "model.safetensors")).values()} == {torch.bfloat16}
     back = import_draft(tmp_path / "v", target)
     assert back.algorithm == "dflash"
-    _same_blocks(d, back, target)
+    _same_blocks(load_drafter(ckpt, target).eval(), back, target)
     with pytest.raises(ExportUnsupported, match="markov_rank > 0"):
         export_draft(ckpt, tmp_path / "sg", "sglang", target=target)
     assert not (tmp_path / "sg").exists()
