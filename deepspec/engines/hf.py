@@ -138,8 +138,18 @@ class HFEngine(Engine):
         if not params.greedy:
             procs.append(PerRowSampler(torch.tensor(seeds, dtype=torch.int64, device=dev), T, params.temperature,
                                        params.top_k, params.top_p, params.min_p))
-        out = self.model.generate(input_ids=input_ids, attention_mask=attn, generation_config=gc,
-                                  logits_processor=procs)
+        # `generate` fills unset fields from `model.generation_config` (a hub model's repetition
+        # penalty, min length, banned words, ...): none of that belongs in the target's own
+        # distribution, so a neutral config stands in for the call.
+        saved = self.model.generation_config
+        self.model.generation_config = GenerationConfig(eos_token_id=list(self.eos_token_ids),
+                                                        pad_token_id=self.pad_token_id,
+                                                        bos_token_id=getattr(saved, "bos_token_id", None))
+        try:
+            out = self.model.generate(input_ids=input_ids, attention_mask=attn, generation_config=gc,
+                                      logits_processor=procs)
+        finally:
+            self.model.generation_config = saved
         new = out[:, T:].tolist()
         eos = set(self.eos_token_ids)
         results: List[Result] = []

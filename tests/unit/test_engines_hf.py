@@ -97,3 +97,23 @@ def test_from_config_tiny_target():
     assert eng.describe()["engine"] == "hf" and eng.parallelism == 3
     out = eng.generate(_prompts(2), SamplingParams(max_new_tokens=3, temperature=0.7), keys=["a", "b"])
     assert all(isinstance(o, str) for o in out)
+
+
+def test_hub_generation_defaults_do_not_leak(llama):
+    """A model's own generation_config (repetition penalty, sampling flags, ...) is ignored."""
+    import copy
+    model, tok = llama
+    P = _prompts(3)
+    sp0 = SamplingParams(max_new_tokens=12, temperature=0.0)
+    sp1 = SamplingParams(max_new_tokens=12, temperature=1.0, seed=3)
+    a0, a1 = HFEngine(model, tok).generate(P, sp0), HFEngine(model, tok).generate(P, sp1, keys=["a", "b", "c"])
+    saved = copy.deepcopy(model.generation_config)
+    try:
+        g = model.generation_config
+        g.do_sample, g.temperature, g.top_k, g.top_p = True, 0.6, 20, 0.5
+        g.repetition_penalty, g.no_repeat_ngram_size, g.min_new_tokens = 1.5, 2, 5
+        assert HFEngine(model, tok).generate(P, sp0) == a0
+        assert HFEngine(model, tok).generate(P, sp1, keys=["a", "b", "c"]) == a1
+        assert model.generation_config.repetition_penalty == 1.5  # restored after the call
+    finally:
+        model.generation_config = saved
