@@ -41,4 +41,6 @@ class DraftConfig:
     ttt_steps: int = 7
     loss: LossConfig = field(default_factory=LossConfig)
     # Sequential temperature scaling (filled in by `deepspec calibrate`).
+    # Initialise from a saved draft directory: weights with matching names and shapes are
+    # copied (e.g. a DSpark backbone from a DFlash checkpoint); the rest keep their init.
     init_from: Optional[str] = None

@@ -63,10 +63,38 @@ def effective_config(cfg):
 
 
 def build_drafter(target, cfg) -> Drafter:
-    """A freshly initialised drafter of ``cfg.algorithm`` for ``target`` (on the target's device)."""
+    """A freshly initialised drafter of ``cfg.algorithm`` for ``target`` (on the target's device).
+
+    With ``cfg.init_from`` (a `save_pretrained` directory) the weights whose names
+    and shapes match are copied from there, e.g. a DSpark backbone from a trained
+    DFlash checkpoint (the heads keep their fresh init)."""
     cfg = effective_config(cfg)
     cls, _ = _lookup(cfg.algorithm)
-    return cls.from_target(target, cfg)
+    drafter = cls.from_target(target, cfg)
+    if cfg.init_from:
+        init_weights_from(drafter, cfg.init_from, target)
+    return drafter
+
+
+def init_weights_from(drafter: Drafter, in_dir, target) -> List[str]:
+    """Copy matching weights of a saved drafter into ``drafter``; returns the names copied."""
+    from safetensors.torch import load_file
+    meta = read_checkpoint_config(in_dir)
+    check_target(meta.get("target") or {}, target, False, where=f"init_from={in_dir}")
+    saved = load_file(str(Path(in_dir) / WEIGHTS_NAME), device=str(drafter.device))
+    own = drafter.state_dict()
+    bad = sorted(k for k in saved if k in own and saved[k].shape != own[k].shape)
+    if bad:
+        raise ValueError(f"draft.init_from={in_dir}: shapes differ for {bad}")
+    copied = sorted(k for k in saved if k in own)
+    if not copied:
+        raise ValueError(f"draft.init_from={in_dir}: no weight of that {meta.get('architecture')} checkpoint "
+                         f"fits a {drafter.algorithm} drafter")
+    drafter.load_state_dict({k: saved[k] for k in copied}, strict=False)
+    fresh = sorted(set(own) - set(copied))
+    log.info("draft.init_from=%s: copied %d tensors%s", in_dir, len(copied),
+             f"; freshly initialised: {', '.join(fresh)}" if fresh else "")
+    return copied
 
 
 def read_checkpoint_config(in_dir) -> Dict[str, Any]:
@@ -86,6 +114,7 @@ def load_drafter(in_dir, target, allow_target_mismatch: bool = False) -> Drafter
         cfg = dataclasses.replace(cfg, algorithm=name)
     if meta.get("mask_token_id") is not None:
         cfg = dataclasses.replace(cfg, mask_token_id=int(meta["mask_token_id"]))
+    cfg = dataclasses.replace(cfg, init_from=None)   # the saved weights replace any init anyway
     check_target(meta.get("target") or {}, target, allow_target_mismatch, where=str(in_dir))
     drafter = build_drafter(target, cfg)
     state = load_file(str(Path(in_dir) / WEIGHTS_NAME), device=str(drafter.device))

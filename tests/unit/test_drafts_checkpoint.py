@@ -76,3 +76,26 @@ def test_different_target_is_refused(tiny_llama, tmp_path):
         load_drafter(tmp_path, other_layers, allow_target_mismatch=True)
     with pytest.raises(FileNotFoundError):
         load_drafter(tmp_path / "nope", tiny_llama)
+
+
+def test_init_from_copies_matching_weights(tiny_llama, tmp_path):
+    t = tiny_llama
+    torch.manual_seed(0)
+    base = build_drafter(t, DraftConfig(algorithm="dflash", gamma=3, num_layers=1))
+    base.save_pretrained(tmp_path)
+    torch.manual_seed(1)
+    cfg = DraftConfig(algorithm="dspark", gamma=3, num_layers=1, sequential_head="markov", head_rank=8,
+                      init_from=str(tmp_path))
+    spark = build_drafter(t, cfg)
+    # backbone copied; the Markov head's W2 starts at zero, so the logits are DFlash's exactly
+    batch = batch_for(t)
+    assert torch.equal(spark.block_logits(batch)["logits"], base.block_logits(batch)["logits"])
+    assert spark.conf_head is not None
+    with pytest.raises(ValueError, match="shapes differ"):
+        build_drafter(t, DraftConfig(algorithm="dflash", gamma=3, num_layers=1, intermediate_size=32,
+                                     init_from=str(tmp_path)))
+    # a saved init_from is not re-applied when loading that checkpoint elsewhere
+    spark.save_pretrained(tmp_path / "spark")
+    (tmp_path / "model.safetensors").unlink()
+    assert torch.equal(load_drafter(tmp_path / "spark", t).block_logits(batch)["logits"],
+                       spark.block_logits(batch)["logits"])

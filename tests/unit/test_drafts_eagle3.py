@@ -161,3 +161,15 @@ def test_decoding_matches_training_forward(family):
     assert torch.equal(prop2.tokens, prop.tokens)
     longer = d.propose(st, int(ids[T]), S + 2, softmax_warp)    # autoregressive: any horizon
     assert longer.tokens.shape == (S + 2,)
+
+
+def test_bf16_autocast(tiny_llama):
+    t = tiny_llama
+    d = make_eagle(t, num_layers=1)
+    batch = make_batch(t, random_ids(t, 12, 2))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = d(batch)
+        prop = d.propose(d.init_state(batch["input_ids"][0, :6], batch["features"][0, :6]), 5, S, softmax_warp)
+    out["loss"].backward()
+    assert torch.isfinite(out["loss"]) and all(torch.isfinite(p.grad).all() for p in d.parameters())
+    assert prop.probs.dtype == torch.float32 and torch.isfinite(prop.probs).all()
