@@ -295,17 +295,6 @@ def _config_dict(cfg) -> Dict[str, Any]:
     return OmegaConf.to_container(node, resolve=True)
 
 
-def _describe_target(target) -> Dict[str, Any]:
-    try:
-        return target.describe()
-    except Exception as e:  # metadata only: never lose an eval over it
-        log.warning("target.describe() failed (%s: %s); results.json gets the basic fields only",
-                    type(e).__name__, e)
-        return {"name": getattr(target, "name", None), "num_layers": target.num_layers,
-                "hidden_size": target.hidden_size, "vocab_size": target.vocab_size,
-                "layer_ids": list(target.layer_ids), "describe_error": f"{type(e).__name__}: {e}"}
-
-
 def run(cfg) -> Dict[str, Any]:
     """`deepspec eval` entry point: returns the summary written to results.json."""
     from deepspec.config import save_config
@@ -346,7 +335,7 @@ def run(cfg) -> Dict[str, Any]:
                         "samples": "samples.jsonl", "config": "resolved_config.yaml"}
     plots = make_plots(out, summary)
     summary["plots"] = plots
-    results = {**summary, "target": _describe_target(target), "drafter": dinfo, "config": _config_dict(cfg)}
+    results = {**summary, "target": target.describe(), "drafter": dinfo, "config": _config_dict(cfg)}
     _atomic_write(out / "results.json", json.dumps(_clean(results), indent=2, ensure_ascii=False))
     write_report(out, summary, plots)
     ov = summary["overall"]

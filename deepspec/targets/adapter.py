@@ -236,7 +236,8 @@ class TargetAdapter:
                 h.update(str(tuple(t.shape)).encode())
                 # sample the tensor to keep hashing fast on big models
                 flat = t.detach().reshape(-1)
-                idx = torch.linspace(0, flat.numel() - 1, min(flat.numel(), 4096)).long()
+                n = min(flat.numel(), 4096)
+                idx = torch.arange(n, dtype=torch.int64) * (flat.numel() - 1) // max(n - 1, 1)
                 h.update(flat[idx].float().cpu().numpy().tobytes())
             vocab = self.tokenizer.get_vocab()
             tok = hashlib.sha256(repr(sorted(vocab.items())).encode()).hexdigest()
