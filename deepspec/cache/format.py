@@ -228,6 +228,8 @@ class ShardWriter:
 
 
 # -- reading shards and the index ------------------------------------------------------------------
+# what pyarrow may raise on damaged input (UnicodeDecodeError is a ValueError)
+_ARROW_ERRORS = (pa.ArrowException, OSError, ValueError, KeyError, IndexError, TypeError, OverflowError)
 def open_ipc(path: Path, expected_fields, what: Optional[str] = None):
     """Memory-map an Arrow IPC file and check its schema; errors name the file."""
     what = what or path.name
@@ -240,10 +242,10 @@ def open_ipc(path: Path, expected_fields, what: Optional[str] = None):
     try:
         reader = pa.ipc.open_file(mm)
         schema = reader.schema
-    except (pa.ArrowException, OSError, ValueError) as e:
+        got = [(f.name, f.type) for f in schema]
+    except _ARROW_ERRORS as e:
         mm.close()
-        raise CacheCorruptError(f"{what}: not a valid Arrow IPC file ({e})") from None
-    got = [(f.name, f.type) for f in schema]
+        raise CacheCorruptError(f"{what}: not a valid Arrow IPC file ({type(e).__name__}: {e})") from None
     want = [(f.name, f.type) for f in expected_fields]
     if got != want:
         mm.close()
@@ -257,7 +259,7 @@ def schema_meta(schema: pa.Schema, what: str) -> Dict[str, Any]:
         raise CacheCorruptError(f"{what}: schema has no {SCHEMA_META_KEY.decode()} metadata")
     try:
         meta = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+    except (ValueError, RecursionError) as e:
         raise CacheCorruptError(f"{what}: bad schema metadata ({e})") from None
     if not isinstance(meta, dict):
         raise CacheCorruptError(f"{what}: schema metadata is not an object")

@@ -11,7 +11,7 @@ import torch
 
 from .codecs import Codec, decode_array, get_codec, same_spec
 from .errors import CacheCorruptError, CacheError
-from .format import (CODEC_STATE, INDEX, INDEX_FIELDS, MANIFEST, SHARD_FIELDS, open_ipc, raw_bytes_per_token,
+from .format import (_ARROW_ERRORS, CODEC_STATE, INDEX, INDEX_FIELDS, MANIFEST, SHARD_FIELDS, open_ipc, raw_bytes_per_token,
                      read_json, schema_meta, sha256_bytes, sha256_file)
 from .manifest import check_manifest, compare
 
@@ -74,18 +74,24 @@ class CacheReader:
             if [(f.name, f.type) for f in reader.schema] != [(f.name, f.type) for f in INDEX_FIELDS]:
                 raise CacheCorruptError(f"{what}: unexpected schema")
             table = reader.read_all()
-        except (pa.ArrowException, OSError, ValueError) as e:
+            table.validate(full=True)
+        except CacheCorruptError:
+            raise
+        except _ARROW_ERRORS as e:
             raise CacheCorruptError(f"{what}: {e}") from None
         n = self.manifest["num_samples"]
         if table.num_rows != n:
             raise CacheCorruptError(f"{what}: {table.num_rows} rows, manifest says {n} samples")
-        col = lambda k: table.column(k).to_numpy()  # noqa: E731
-        self.sample_indices = col("sample_index").astype(np.int64)
-        self._shard_of = col("shard").astype(np.int64)
-        self._row_of = col("row").astype(np.int64)
-        self.lengths = col("num_tokens").astype(np.int64)
-        self.loss_lengths = col("num_loss_tokens").astype(np.int64)
-        self.ids: List[str] = table.column("id").to_pylist()
+        try:
+            col = lambda k: table.column(k).to_numpy()  # noqa: E731
+            self.sample_indices = col("sample_index").astype(np.int64)
+            self._shard_of = col("shard").astype(np.int64)
+            self._row_of = col("row").astype(np.int64)
+            self.lengths = col("num_tokens").astype(np.int64)
+            self.loss_lengths = col("num_loss_tokens").astype(np.int64)
+            self.ids: List[str] = table.column("id").to_pylist()
+        except _ARROW_ERRORS as e:
+            raise CacheCorruptError(f"{what}: {e}") from None
         if n and (self._shard_of.min() < 0 or self._shard_of.max() >= len(self._shard_files)):
             raise CacheCorruptError(f"{what}: shard numbers out of range")
         if n and (np.any(np.diff(self.sample_indices) <= 0) or self.lengths.min() <= 0):
@@ -111,7 +117,7 @@ class CacheReader:
             table = pa.ipc.open_file(pa.py_buffer(data)).read_all()
             arrays = {k: np.asarray(table.column(k).combine_chunks().flatten().to_numpy(zero_copy_only=False))
                       for k in table.column_names}
-        except (pa.ArrowException, OSError, ValueError) as e:
+        except _ARROW_ERRORS as e:
             raise CacheCorruptError(f"{CODEC_STATE}: {e}") from None
         self.codec.load_state_arrays(arrays)
 
@@ -139,15 +145,16 @@ class CacheReader:
             batches, starts, n = [], [], 0
             for j in range(reader.num_record_batches):
                 b = reader.get_batch(j)
+                b.validate(full=True)  # offsets/lengths in bounds before any value is touched
                 batches.append(b)
                 starts.append(n)
                 n += b.num_rows
         except CacheCorruptError:
             mm.close()
             raise
-        except (pa.ArrowException, OSError, ValueError) as e:
+        except _ARROW_ERRORS as e:
             mm.close()
-            raise CacheCorruptError(f"{name}: {e}") from None
+            raise CacheCorruptError(f"{name}: {type(e).__name__}: {e}") from None
         expect = self.manifest["shards"][k]["samples"]
         if n != expect:
             mm.close()
@@ -192,8 +199,8 @@ class CacheReader:
             sidx = get("sample_index").as_py()
             t = get("num_tokens").as_py()
             blobs = {c: get(c).as_buffer() for c in ("input_ids", "loss_mask", "features", "last_hidden")}
-        except (pa.ArrowException, ValueError, IndexError, AttributeError) as e:
-            raise CacheCorruptError(f"{what}: {e}") from None
+        except _ARROW_ERRORS + (AttributeError,) as e:
+            raise CacheCorruptError(f"{what}: {type(e).__name__}: {e}") from None
         if sidx != int(self.sample_indices[i]) or t != int(self.lengths[i]):
             raise CacheCorruptError(f"{what}: holds sample {sidx} with {t} tokens, index expects "
                                     f"{int(self.sample_indices[i])} with {int(self.lengths[i])}")

@@ -255,3 +255,68 @@ def test_reader_pickles_for_dataloader_workers(built):
     r2 = pickle.loads(pickle.dumps(r))
     assert torch.equal(r2[3]["features"].view(torch.int16), r[3]["features"].view(torch.int16))
     assert os.getpid() == r2._pid
+
+
+# -- fuzzing: garbage manifests / flipped shard bytes only ever raise the project's errors -------------
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_json = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats() | st.text(max_size=20),
+                     lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids, max_size=4),
+                     max_leaves=12)
+_FUZZ = settings(max_examples=25, deadline=None,
+                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+
+
+def _read_all(d):
+    r = CacheReader(d)
+    return [r[i] for i in range(len(r))]
+
+
+@pytest.fixture(scope="module")
+def originals(built):
+    _, out, _ = built
+    return _read_all(out)
+
+
+@_FUZZ
+@given(where=st.sampled_from(["top", "target", "codec", "index", "shard"]), key_pick=st.integers(0, 100),
+       value=_json, raw=st.one_of(st.none(), st.binary(max_size=64)))
+def test_fuzz_manifest(built, tmp_path_factory, where, key_pick, value, raw):
+    _, out, _ = built
+    d = _tree_copy(out, tmp_path_factory.mktemp("fm") / "c")
+    if raw is not None and key_pick % 5 == 0:
+        (d / MANIFEST).write_bytes(raw)
+    else:
+        m = json.loads((d / MANIFEST).read_text())
+        node = {"top": m, "target": m["target"], "codec": m["codec"], "index": m["index"],
+                "shard": m["shards"][key_pick % len(m["shards"])]}[where]
+        keys = sorted(node)
+        node[keys[key_pick % len(keys)]] = value
+        (d / MANIFEST).write_text(json.dumps(m))
+    try:
+        _read_all(d)
+    except CacheError:
+        pass
+
+
+@_FUZZ
+@given(which=st.integers(0, 6), pos=st.floats(0, 1, exclude_max=True), flip=st.integers(1, 255))
+def test_fuzz_shard_and_index_bytes(built, originals, tmp_path_factory, which, pos, flip):
+    _, out, _ = built
+    d = _tree_copy(out, tmp_path_factory.mktemp("fs") / "c")
+    victim = d / (INDEX if which == 6 else shard_name(which))
+    data = bytearray(victim.read_bytes())
+    data[int(pos * len(data))] ^= flip
+    victim.write_bytes(bytes(data))
+    try:
+        got = _read_all(d)
+    except CacheCorruptError:
+        return
+    for a, b in zip(originals, got):  # a flip that is not caught must not change any value
+        for k in a:
+            x, y = a[k], b[k]
+            if x.is_floating_point():
+                x, y = x.view(torch.int16), y.view(torch.int16)
+            assert torch.equal(x, y)
+    assert cli.main(["verify", str(d), "-q"]) == (0 if which == 6 else 1)

@@ -1,0 +1,60 @@
+"""`deepspec plan`: estimates from regen JSONL or raw prompts, measured codec bytes, disk check."""
+import io
+import json
+
+import pytest
+import torch
+
+from deepspec.cache import plan as planmod
+from deepspec.cache.testing import write_regen_jsonl
+from deepspec.config import load_config
+from deepspec.targets import load_target
+
+BASE = ["target.path=tiny:llama", "target.dtype=float32", "data.max_length=128",
+        "train.micro_batch_sequences=2", "train.anchors_per_sequence=8"]
+
+
+@pytest.fixture(scope="module")
+def target():
+    torch.set_num_threads(1)
+    return load_target(load_config(BASE).target)
+
+
+def test_plan_from_regen(tmp_path, target):
+    cfg = load_config(BASE + [f"run_dir={tmp_path}"])
+    write_regen_jsonl(tmp_path / "regen" / "regen.jsonl", 30, seed=2, max_words=20)
+    p = planmod.estimate(cfg, target=target, probe_tokens=256, decode_steps=4, decode_batch=2)
+    assert p.records == 30 and p.records_exact and p.source.startswith("regen")
+    assert p.raw_bytes_per_token == 6 + 2 * 64 * (len(target.layer_ids) + 1)
+    assert 0 < p.codec_bytes_per_token < p.raw_bytes_per_token
+    assert p.cache_bytes == pytest.approx(p.total_tokens * p.codec_bytes_per_token)
+    assert p.probe_tokens >= 256 and p.capture_tok_s > 0 and p.decode_tok_s > 0 and p.regen_s > 0
+    assert p.fits
+    buf = io.StringIO()
+    assert planmod.run(cfg, target=target, out=buf, probe_tokens=128, decode_steps=2, decode_batch=2,
+                       train_probe=False) == 0
+    text = buf.getvalue()
+    for needle in ("total tokens", "raw (6 + 2·64·", "codec bf16", "ratio vs raw", "free disk",
+                   "regeneration", "capture + encode", "training"):
+        assert needle in text
+
+
+def test_plan_from_raw_prompts_without_answers(tmp_path, target):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"p{i}", "turns": [f"question number {i} about the sea"]}) + "\n"
+                               for i in range(12)))
+    cfg = load_config(BASE + [f"run_dir={tmp_path}", "data.heldout_fraction=0.25"])
+    p = planmod.estimate(cfg, target=target, prompts_path=prompts, probe_tokens=128, decode_steps=2,
+                         decode_batch=2, assumed_response_tokens=40, train_probe=False)
+    assert p.records == 9  # 12 minus the held-out quarter
+    assert p.assumed_response_tokens == 40 and p.mean_loss_tokens == 40
+    assert any("no answers" in n for n in p.notes)
+
+
+def test_plan_refuses_when_cache_exceeds_disk(tmp_path, target):
+    cfg = load_config(BASE + [f"run_dir={tmp_path}"])
+    write_regen_jsonl(tmp_path / "regen" / "regen.jsonl", 8, seed=2, max_words=20)
+    p = planmod.estimate(cfg, target=target, probe_tokens=64, decode_steps=1, decode_batch=1, train_probe=False)
+    p.free_bytes = int(p.cache_bytes) - 1  # the same plan on a nearly full disk
+    assert not p.fits
+    assert "exceeds the free disk" in planmod.format_plan(p)
