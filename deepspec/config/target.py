@@ -18,7 +18,8 @@ class TargetConfig:
     # layer i = HF ``hidden_states[i + 1]``). ``None`` picks evenly spaced layers.
     layer_ids: Optional[List[int]] = None
     num_feature_layers: int = 5
-    dtype: str = "bfloat16"
+    # auto = bf16 on GPUs, fp32 on CPUs; or bfloat16 | float16 | float32.
+    dtype: str = "auto"
     device: str = "auto"
     trust_remote_code: bool = False
     # Chat template switches (e.g. Qwen3 ``enable_thinking``); None = template default.
