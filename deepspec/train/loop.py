@@ -77,6 +77,7 @@ class Trainer:
         self.cfg, self.env, tc = cfg, env, cfg.train
         self.run_dir, self.ckpt_root = paths.run_dir(cfg), paths.checkpoints_dir(cfg)
         self.signals = SignalGuard()
+        self._resume_notes: List[str] = []
 
         # -- model: frozen target, drafter initialised identically on every rank ----------------
         self.target = load_target(cfg.target, device=str(env.device))
@@ -123,6 +124,8 @@ class Trainer:
         if env.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "run.yaml").write_text(to_yaml(cfg))
+            for note in self._resume_notes:
+                log.warning(note)
             self.logger.write(self._banner())
 
     # -- building blocks ---------------------------------------------------------------------------
@@ -181,9 +184,7 @@ class Trainer:
         if meta.get("algorithm") not in (None, self.drafter.algorithm):
             raise ValueError(f"{latest} holds a {meta.get('algorithm')} drafter but draft.algorithm="
                              f"{self.cfg.draft.algorithm}; use another run_dir or train.resume=false")
-        if self.env.is_main:
-            for n in notes:
-                log.warning(n)
+        self._resume_notes = notes   # logged once the run's log file is open
         return state
 
     def _load_weights(self, state: ckpt.TrainingState) -> None:
@@ -300,7 +301,9 @@ class Trainer:
         loss = stats["loss"]
         if math.isfinite(loss):
             return
-        terms = [k for k in sorted(stats["metrics"]) if "/" not in k and not math.isfinite(stats["metrics"][k])]
+        diagnostics = {"loss", "expected_tau", "blocks", "positions"}   # contract-level metrics, not terms
+        terms = [k for k in sorted(stats["metrics"]) if "/" not in k and k not in diagnostics
+                 and not math.isfinite(stats["metrics"][k])]
         terms = terms or sorted(stats["nonfinite"]) or ["loss"]
         values = ", ".join(f"{t}={stats['metrics'].get(t, loss)}" for t in terms)
         msg = (f"non-finite loss at step {step} in loss term(s) {', '.join(repr(t) for t in terms)} "

@@ -232,8 +232,13 @@ class DDPStrategy(SingleStrategy):
 
 
 class FSDPStrategy(SingleStrategy):
-    """FSDP2 (`fully_shard`): each trainable block of a ModuleList, then the root.  Frozen
-    parameters (the target's embedding / LM head shared into the draft) are left alone."""
+    """FSDP2 (`fully_shard`) on the drafter as one unit.
+
+    Parameters, gradients and AdamW state are sharded across ranks; the forward all-gathers
+    the draft once.  Blocks are deliberately not sharded separately: drafters call their
+    layers outside ``forward`` (e.g. projecting the context K/V of every layer up front),
+    which per-block FSDP hooks would not see.  Drafts are small next to the target, so one
+    unit costs little.  Frozen parameters, if a drafter has any, are left unsharded."""
 
     name = "fsdp"
 
@@ -245,12 +250,6 @@ class FSDPStrategy(SingleStrategy):
         kw = {"mesh": mesh}
         if self.cfg.bf16 and self.env.device.type == "cuda":
             kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        for mod in drafter.modules():
-            if isinstance(mod, nn.ModuleList):
-                for block in mod:
-                    own = set(block.parameters())
-                    if any(p.requires_grad for p in own):
-                        fully_shard(block, ignored_params=own & frozen or None, **kw)
         fully_shard(drafter, ignored_params=frozen or None, **kw)
         return drafter
 
@@ -340,6 +339,10 @@ class DeepSpeedStrategy(SingleStrategy):
     def full_state(self):
         from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
         zero = self._zero()
+        # DeepSpeed links each parameter to its optimizer-state fragment after the first step of
+        # param group 0, before the other groups have state; link again now that all have it.
+        zero._hp_optimizer_states_linked = False
+        zero._lazy_init_hp_params_optimizer_state()
         step = None
         for flat in zero.single_partition_of_fp32_groups:
             st = zero.optimizer.state.get(flat, {})
