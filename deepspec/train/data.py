@@ -85,13 +85,17 @@ class OnlineSequences:
         self.ids = ids or [str(i) for i in range(len(samples))]
 
     @classmethod
-    def from_jsonl(cls, path, target, max_length: Optional[int] = None) -> "OnlineSequences":
+    def from_jsonl(cls, path, target, max_length: Optional[int] = None,
+                   crop: Optional[int] = None) -> "OnlineSequences":
+        """Encode every conversation; like the cache builder, keep ``max_length`` (data.max_length)
+        tokens and skip conversations without assistant tokens there; then cut to ``crop``
+        (train.max_length), as `CachedSequences` does with cached samples."""
         from deepspec.targets.chat import ChatTemplateError
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"online training needs the regenerated conversations at {path} "
                                     "(run `deepspec prepare` or set data.regen_path)")
-        samples, ids, bad = [], [], 0
+        samples, ids, bad, empty = [], [], 0, 0
         with path.open() as f:
             for lineno, line in enumerate(f, 1):
                 if not line.strip():
@@ -104,10 +108,17 @@ class OnlineSequences:
                     log.warning("%s:%d: skipped (%s)", path, lineno, e)
                     continue
                 n = len(enc.input_ids) if not max_length else min(len(enc.input_ids), max_length)
+                if n == 0 or not any(enc.loss_mask[:n]):   # nothing to learn (the cache skips these too)
+                    empty += 1
+                    continue
+                n = min(n, crop) if crop else n
                 samples.append((list(enc.input_ids[:n]), list(enc.loss_mask[:n])))
                 ids.append(str(rec.get("id", lineno)))
         if bad:
             log.warning("%s: %d conversation(s) could not be encoded and were skipped", path, bad)
+        if empty:
+            log.info("%s: %d conversation(s) without assistant tokens within %s tokens skipped", path, empty,
+                     max_length)
         return cls(samples, ids)
 
     def __len__(self) -> int:

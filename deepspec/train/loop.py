@@ -132,7 +132,9 @@ class Trainer:
     def _build_source(self):
         cfg = self.cfg
         if self.online:
-            source = OnlineSequences.from_jsonl(paths.regen_path(cfg), self.target, cfg.train.max_length)
+            # the same samples and lengths as a cache built from this JSONL, then cut like it
+            source = OnlineSequences.from_jsonl(paths.regen_path(cfg), self.target, cfg.data.max_length,
+                                                crop=cfg.train.max_length)
             dtype = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "native": None,
                      "float32": torch.float32}.get(cfg.train.online_feature_dtype, "bad")
             if dtype == "bad":
