@@ -143,12 +143,16 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--out", default=None, help="write the results as JSON")
+    ap.add_argument("--rebuild", action="store_true",
+                    help="rebuild the cache in --workdir (default: reuse a finished one; build time is then n/a)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     levels = [int(x) for x in args.levels.split(",")]
     work = Path(args.workdir or tempfile.mkdtemp(prefix="deepspec-bench-cache-"))
     work.mkdir(parents=True, exist_ok=True)
-    shutil.rmtree(work / "cache", ignore_errors=True)
+    if args.rebuild:
+        shutil.rmtree(work / "cache", ignore_errors=True)
+    reused = (work / "cache" / "manifest.json").is_file()
     regen = work / "regen.jsonl"
     convs = sharegpt_conversations(args.samples, args.skip)
     regen.write_text("".join(json.dumps(c) + "\n" for c in convs))
@@ -159,7 +163,7 @@ def main(argv=None) -> int:
     target = load_target(cfg.target)
     t0 = time.perf_counter()
     out = build_cache(cfg, regen_path=regen, target=target, progress=True)
-    build_s = time.perf_counter() - t0
+    build_s = None if reused else time.perf_counter() - t0
     reader = CacheReader(out)
     stats = reader.stats()
     tokens = stats["tokens"]
@@ -191,14 +195,15 @@ def main(argv=None) -> int:
         "cache": {"codec": reader.manifest["codec"], "stored_bytes": stats["stored_bytes"],
                   "bytes_per_token": stats["bytes_per_token"], "ratio_vs_raw": stats["ratio_vs_raw"],
                   "float_ratio": stats["float_ratio_vs_bf16"], "build_s": build_s,
-                  "build_tok_s": tokens / build_s, "read_s": read_s,
+                  "build_tok_s": tokens / build_s if build_s else None, "read_s": read_s,
                   "read_mb_s": float_raw / read_s / 1e6, "read_tok_s": tokens / read_s},
         "layouts": rows,
     }
     print(f"\n{len(reader)} samples, {tokens} tokens, target {args.target} ({args.dtype}), L={L} H={H}; "
           f"raw layout {raw_tok} B/token")
+    build = f"{tokens / build_s:,.0f} tok/s (capture-bound)" if build_s else "n/a (reused)"
     print(f"cache: {stats['bytes_per_token']:.1f} B/token, {stats['ratio_vs_raw']:.3f}x vs raw; build "
-          f"{tokens / build_s:,.0f} tok/s (capture-bound), read {float_raw / read_s / 1e6:,.0f} MB/s "
+          f"{build}, read {float_raw / read_s / 1e6:,.0f} MB/s "
           f"({tokens / read_s:,.0f} tok/s)\n")
     print("| layout | B/token | ratio vs raw | encode MB/s | decode MB/s |")
     print("|---|---:|---:|---:|---:|")

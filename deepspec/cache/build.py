@@ -35,7 +35,7 @@ from ..targets.adapter import INDEX_CONVENTION
 from ..targets.chat import ChatTemplateError
 from .codecs import Codec, codec_from_config, encode_array
 from .errors import CacheCorruptError, CacheError, CacheMismatchError
-from .format import (BUILD_INFO, FORMAT_NAME, FORMAT_VERSION, INDEX, MANIFEST, SIDECAR_RE, TMP_PREFIX,
+from .format import (BUILD_INFO, FORMAT_NAME, FORMAT_VERSION, INDEX, MANIFEST, TMP_PREFIX,
                      ShardWriter, atomic_write_json, read_json, shard_name, sidecar_name, write_index)
 
 log = logging.getLogger(__name__)
@@ -434,15 +434,25 @@ def _software() -> Dict[str, str]:
 
 
 # -- entry point -----------------------------------------------------------------------------------------
+def encode_threads(cfg, world: int) -> int:
+    """``cache.encode_threads``; 0 = auto: this rank's share of the CPUs, 1..8."""
+    n = int(cfg.cache.encode_threads)
+    if n > 0:
+        return n
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    return max(1, min(8, (os.cpu_count() or 2) // max(1, local) - 1))
+
+
 def build_cache(cfg, regen_path=None, target=None, *, rank: Optional[int] = None,
                 world_size: Optional[int] = None, wait: bool = True, progress: Optional[bool] = None,
-                poll_s: float = 1.0) -> Path:
+                poll_s: float = 1.0, wait_timeout_s: Optional[float] = None) -> Path:
     """Capture the target's hidden states for every regenerated conversation.
 
     Writes ``deepspec.paths.cache_dir(cfg)`` and returns it.  Under torchrun (or with
     explicit ``rank``/``world_size``) each rank builds its own shards; with ``wait``
     every rank returns only once the manifest exists (``wait=False``: a rank returns
-    after its own shards, and the last one to finish writes the manifest)."""
+    after its own shards, and the last one to finish writes the manifest;
+    ``wait_timeout_s`` bounds the wait, then `CacheError` names the missing shards)."""
     rank, world = resolve_rank(rank, world_size)
     out = paths.cache_dir(cfg)
     src = Path(regen_path) if regen_path is not None else paths.regen_path(cfg)
@@ -477,7 +487,7 @@ def build_cache(cfg, regen_path=None, target=None, *, rank: Optional[int] = None
     show = (rank == 0) if progress is None else progress
     bar = _Progress(total, bool(show) and total > 0, f"cache r{rank}" if world > 1 else "cache")
     try:
-        with ThreadPoolExecutor(max_workers=max(1, int(cfg.cache.encode_threads)),
+        with ThreadPoolExecutor(max_workers=encode_threads(cfg, world),
                                 thread_name_prefix="cache-encode") as pool:
             for k, records in iter_shards(src, todo, S):
                 before = bar.bar.n if bar.bar is not None else 0
@@ -492,6 +502,8 @@ def build_cache(cfg, regen_path=None, target=None, *, rank: Optional[int] = None
         t0 = time.monotonic()
         last_log = t0
         while not finalize_cache(out):
+            if wait_timeout_s is not None and time.monotonic() - t0 > wait_timeout_s:
+                finalize_cache(out, strict=True)  # raises, naming the missing shards
             time.sleep(poll_s)
             if time.monotonic() - last_log > 60:
                 last_log = time.monotonic()

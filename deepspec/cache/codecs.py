@@ -168,12 +168,21 @@ class BF16Codec(Codec):
         if x.dim() != 2:
             raise ValueError(f"bf16 codec encodes [T, D] tensors, got shape {tuple(x.shape)}")
         u = x.detach().to(torch.bfloat16)
-        if self.layout == "planes_cm":
-            u = u.t()
-        b = u.contiguous().reshape(-1).view(torch.uint8).reshape(-1, 2)
-        if self.layout != "plain":
-            b = torch.stack((b[:, 1], b[:, 0]))  # high bytes first, then low bytes
-        return b.cpu().numpy().reshape(-1)
+        on_device = u.device.type != "cpu" and self.layout == "planes_cm"
+        if on_device:
+            u = u.t()  # transpose on the accelerator, before the copy
+        a = u.contiguous().cpu().view(torch.int16).numpy().view(np.uint16)
+        if self.layout == "planes_cm" and not on_device:
+            a = np.ascontiguousarray(a.T)
+        a = a.reshape(-1)
+        if self.layout == "plain":
+            return a.view(np.uint8)
+        n = a.size
+        b = a.view(np.uint8).reshape(n, 2)  # little-endian: [:, 0] low byte, [:, 1] high byte
+        out = np.empty(2 * n, dtype=np.uint8)
+        out[:n] = b[:, 1]
+        out[n:] = b[:, 0]
+        return out
 
     def encode(self, x: torch.Tensor, column: str = "features") -> bytes:
         return zstd_compress(self.to_bytes(x), self.level)
@@ -185,10 +194,9 @@ class BF16Codec(Codec):
         if self.layout == "plain":
             u = a.view("<u2").reshape(t, d).copy()
         else:
-            pairs = np.empty((n, 2), dtype=np.uint8)
-            pairs[:, 1] = a[:n]
-            pairs[:, 0] = a[n:]
-            u = pairs.view("<u2").reshape(-1)
+            u = np.empty(n, dtype=np.uint16)
+            np.left_shift(a[:n], 8, out=u, dtype=np.uint16)
+            u |= a[n:]
             u = np.ascontiguousarray(u.reshape(d, t).T) if self.layout == "planes_cm" else u.reshape(t, d)
         return torch.from_numpy(u.view(np.int16)).view(torch.bfloat16)
 

@@ -23,13 +23,13 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, TextIO
+from typing import Any, Dict, List, Optional, TextIO
 
 import numpy as np
 import torch
 
 from .. import paths
-from .build import _batches, _capture, _encode_row, _pad_id
+from .build import _batches, _capture, _encode_row, _pad_id, encode_threads
 from .codecs import codec_from_config
 from .format import raw_bytes_per_token
 
@@ -297,7 +297,7 @@ def estimate(cfg, target=None, prompts_path=None, sample_records: int = 256, pro
     plan.capture_tok_s, plan.encode_mb_s = cap_tps, enc_mbs
     plan.cache_bytes = total_tokens * bpt
     enc_tps = enc_mbs * 1e6 / (2 * H * (L + 1))
-    plan.capture_s = total_tokens / min(cap_tps, enc_tps * max(1, int(cfg.cache.encode_threads)))
+    plan.capture_s = total_tokens / min(cap_tps, enc_tps * encode_threads(cfg, 1))
     # regeneration probe
     try:
         prompts = [i[: max(8, min(64, len(i)))] for i, _ in ok[:decode_batch]]

@@ -11,11 +11,10 @@ import torch
 
 from .codecs import Codec, decode_array, get_codec, same_spec
 from .errors import CacheCorruptError, CacheError
-from .format import (_ARROW_ERRORS, CODEC_STATE, INDEX, INDEX_FIELDS, MANIFEST, SHARD_FIELDS, open_ipc, raw_bytes_per_token,
-                     read_json, schema_meta, sha256_bytes, sha256_file)
+from .format import (_ARROW_ERRORS, CODEC_STATE, INDEX, INDEX_FIELDS, MANIFEST, SHARD_FIELDS, open_ipc,
+                     raw_bytes_per_token, read_json, schema_meta, sha256_bytes, sha256_file)
 from .manifest import check_manifest, compare
 
-_STATE_FIELDS = None
 
 
 class _Shard:

@@ -17,8 +17,9 @@ class CacheConfig:
     shard_samples: int = 256
     # Padded tokens per capture forward (batch of similar-length samples).
     batch_tokens: int = 8192
-    # Threads that compress captured tensors while the target runs.
-    encode_threads: int = 2
+    # Threads that compress captured tensors while the target runs (0 = auto: the
+    # rank's share of the CPU cores, at most 8).
+    encode_threads: int = 0
     # lowrank codec rank and calibration size (tokens) for fp8/lowrank.
     rank: int = 256
     calib_tokens: int = 16384
