@@ -11,6 +11,7 @@ import json
 import logging
 import math
 import os
+import uuid
 from pathlib import Path
 from typing import Any, Dict, Optional
 
@@ -141,7 +142,7 @@ def _start_wandb(run_dir: Path, cfg, config_dict):
         return None
     id_file = run_dir / "wandb_run_id"
     try:
-        run_id = id_file.read_text().strip() if id_file.is_file() else wandb.util.generate_id()
+        run_id = id_file.read_text().strip() if id_file.is_file() else uuid.uuid4().hex[:12]
         id_file.write_text(run_id + "\n")
         return wandb.init(project=cfg.wandb_project, entity=cfg.wandb_entity, name=cfg.wandb_run_name,
                           id=run_id, resume="allow", dir=str(run_dir), config=config_dict,

@@ -111,12 +111,14 @@ def test_kill9_and_sigterm_resume_reproduce_the_uninterrupted_run(tmp_path):
     assert [s for s, _ in ckpt.list_checkpoints(dir_ / "checkpoints")] == [9, 12]   # keep_last=2
 
 
-def test_non_finite_loss_stops_naming_step_and_term(tmp_path):
+def test_non_finite_loss_stops_naming_step_and_term(tmp_path, monkeypatch):
     torch.set_num_threads(1)
+    monkeypatch.setenv("WANDB_MODE", "offline")       # wandb without a login; closed on the error path
     regen = write_regen(tmp_path / "regen.jsonl")
     d = tmp_path / "nan"
     cfg = load_config(common(regen, run_dir=str(d), **{"train.lr": 1e30, "train.warmup_ratio": 0.0,
-                                                       "train.save_every": 1, "train.strategy": "single"}))
+                                                       "train.save_every": 1, "train.strategy": "single",
+                                                       "train.wandb": True}))
     with pytest.raises(NonFiniteLossError, match=r"non-finite loss at step 2 in loss term\(s\) 'ce'"):
         run(cfg)
     # step 1 was saved; nothing of step 2 (no checkpoint, no half-written directory, no metrics)
@@ -124,3 +126,4 @@ def test_non_finite_loss_stops_naming_step_and_term(tmp_path):
     assert not list((d / "checkpoints").glob("*.tmp"))
     assert [r["step"] for r in _records(d)] == [1]
     assert "non-finite loss at step 2" in (d / "train.log").read_text()
+    assert list((d / "wandb").glob("offline-run-*")) and list((d / "tb").glob("events.*"))
