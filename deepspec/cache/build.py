@@ -400,7 +400,7 @@ def finalize_cache(directory, strict: bool = False) -> bool:
     for a, b in zip(rows, rows[1:]):
         if a["sample_index"] == b["sample_index"]:
             raise CacheCorruptError(f"{out}: sample {a['sample_index']} appears in two shards")
-    index = write_index(out / INDEX, rows)
+    index = write_index(out / INDEX, rows, tag="final-")
     tokens = sum(s["tokens"] for s in shards)
     L, H = len(info["layer_ids"]), int(info["hidden_size"])
     manifest = {
@@ -420,8 +420,15 @@ def finalize_cache(directory, strict: bool = False) -> bool:
         "software": _software(),
     }
     atomic_write_json(out / MANIFEST, manifest, tag="final-")
-    for p in out.glob(f"{TMP_PREFIX}*.arrow"):  # stale shard temps of ranks that are gone
-        p.unlink(missing_ok=True)
+    # every shard is committed, so shard temps left here belong to killed processes; temps of
+    # a killed finalize are removed once old enough not to be a concurrent finalizer's
+    now = time.time()
+    for p in out.glob(f"{TMP_PREFIX}*"):
+        try:
+            if "shard-" in p.name or now - p.stat().st_mtime > 600:
+                p.unlink()
+        except FileNotFoundError:
+            pass
     return True
 
 

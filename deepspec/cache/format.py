@@ -177,6 +177,7 @@ class ShardWriter:
         self.shard = shard
         self.schema = shard_schema(meta)
         self.final = self.dir / shard_name(shard)
+        self.tag = tag
         self.tmp = self.dir / f"{TMP_PREFIX}{tag}{os.getpid()}-{shard_name(shard)}"
         self._file = open(self.tmp, "wb")
         self._hf = _HashingFile(self._file)
@@ -212,7 +213,7 @@ class ShardWriter:
         os.replace(self.tmp, self.final)
         fsync_dir(self.dir)
         # the sidecar is the commit point: a shard file without one is redone
-        atomic_write_json(self.dir / sidecar_name(self.shard), info, tag=f"{self.shard}-")
+        atomic_write_json(self.dir / sidecar_name(self.shard), info, tag=self.tag)
         return info
 
     def abort(self) -> None:
@@ -266,7 +267,7 @@ def schema_meta(schema: pa.Schema, what: str) -> Dict[str, Any]:
     return meta
 
 
-def write_index(path: Path, rows: List[Dict[str, Any]]) -> Dict[str, Any]:
+def write_index(path: Path, rows: List[Dict[str, Any]], tag: str = "") -> Dict[str, Any]:
     """Write ``index.arrow`` atomically; returns ``{"file", "bytes", "sha256"}``."""
     cols = [pa.array([r[f.name] for r in rows], type=f.type) for f in INDEX_FIELDS]
     table = pa.table(cols, schema=pa.schema(INDEX_FIELDS))
@@ -274,7 +275,7 @@ def write_index(path: Path, rows: List[Dict[str, Any]]) -> Dict[str, Any]:
     with pa.ipc.new_file(sink, table.schema) as w:
         w.write_table(table, max_chunksize=1 << 20)
     data = sink.getvalue().to_pybytes()
-    atomic_write_bytes(path, data)
+    atomic_write_bytes(path, data, tag)
     return {"file": path.name, "bytes": len(data), "sha256": sha256_bytes(data)}
 
 
