@@ -192,8 +192,10 @@ def _tokenize(target, records, src: Path, max_length: int, on_error: str, skippe
             rid, conv = _parse_record(line, where)
             try:
                 enc = target.encode_chat(conv)
-            except (ChatTemplateError, KeyError, TypeError, ValueError) as e:
+            except ChatTemplateError as e:
                 raise ValueError(f"{where}: cannot encode the conversation ({e})") from None
+            except Exception as e:  # template engines raise their own types on odd content
+                raise ValueError(f"{where}: cannot encode the conversation ({type(e).__name__}: {e})") from None
             ids = list(enc.input_ids)[:max_length]
             mask = list(enc.loss_mask)[:max_length]
             if not ids:

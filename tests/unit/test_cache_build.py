@@ -236,13 +236,16 @@ def test_bad_records(target, tmp_path):
     regen = write_regen_jsonl(tmp_path / "r.jsonl", 5, seed=3, max_words=12)
     lines = regen.read_text().splitlines()
     lines[2] = "{not json"
+    lines[3] = json.dumps({"id": "robot", "conversations": [{"role": "robot", "content": "beep"}]})
     regen.write_text("\n".join(lines) + "\n")
     with pytest.raises(CacheError, match=r"r\.jsonl:3: not valid JSON.*on_error=skip"):
         build_cache(_cfg(tmp_path / "e", "data.on_error=error"), regen_path=regen, target=target, progress=False)
     out = build_cache(_cfg(tmp_path / "s", "data.on_error=skip"), regen_path=regen, target=target,
                       progress=False)
     r = CacheReader(out)
-    assert len(r) == 4 and r.manifest["skipped"]["count"] == 1
+    assert len(r) == 3 and r.manifest["skipped"]["count"] == 2
+    reasons = " ".join(x["reason"] for x in r.manifest["skipped"]["examples"])
+    assert "r.jsonl:4: cannot encode the conversation" in reasons and "role" in reasons
     with pytest.raises(CacheError, match="not found"):
         build_cache(_cfg(tmp_path / "m"), regen_path=tmp_path / "missing.jsonl", target=target)
 
