@@ -79,8 +79,11 @@ def main(argv=None) -> int:
     record["stages"]["cache_s"] = time.perf_counter() - t
     from deepspec.cache.reader import CacheReader
     reader = CacheReader(cache)
-    record["cache"] = {k: reader.manifest.get(k) for k in ("num_samples", "num_tokens", "bytes_per_token",
-                                                            "compression_ratio", "codec", "layer_ids", "hidden_size")}
+    m = reader.manifest
+    record["cache"] = {k: m.get(k) for k in ("num_samples", "num_tokens", "stored_bytes", "raw_float_bytes",
+                                             "codec", "layer_ids", "hidden_size")}
+    record["cache"]["bytes_per_token"] = m["stored_bytes"] / max(m["num_tokens"], 1)
+    record["cache"]["float_compression_ratio"] = m["raw_float_bytes"] / max(m["stored_float_bytes"], 1)
 
     for name in args.only:
         ov = shared + DRAFTERS[name] + [f"run_dir={work / name}"]
