@@ -172,10 +172,21 @@ def record_to_conversation(rec: Any, *, origin: str, default_id: str,
     for k, m in enumerate(msgs):
         if m["role"] == "user" and not m["content"].strip():
             raise DataError(f"empty turns: user message {k} is empty", origin=origin, reason="empty", raw=rec)
+        try:
+            m["content"].encode("utf-8")
+        except UnicodeEncodeError as e:  # a lone surrogate ("\\ud800" in JSON) breaks tokenizers and writers
+            raise DataError(f"message {k} is not valid Unicode ({e.reason} at character {e.start})",
+                            origin=origin, reason="invalid_utf8", raw=rec) from None
     sid = r.get("id")
     if sid is None or (isinstance(sid, str) and not sid.strip()):
         sid = default_id
     elif not isinstance(sid, (str, int)) or isinstance(sid, bool):
         raise DataError(f"'id' must be a string or an integer, got {type(sid).__name__}",
                         origin=origin, reason="bad_type", raw=rec)
-    return Conversation(id=str(sid), messages=msgs, origin=origin)
+    sid = str(sid)
+    try:
+        sid.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise DataError(f"'id' is not valid Unicode ({e.reason})", origin=origin, reason="invalid_utf8",
+                        raw=rec) from None
+    return Conversation(id=sid, messages=msgs, origin=origin)

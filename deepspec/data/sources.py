@@ -91,7 +91,14 @@ def iter_json_array(path: str | Path, chunk_chars: int = 1 << 20, allow_truncate
                 try:
                     obj, end = dec.raw_decode(buf, pos)
                     break
-                except json.JSONDecodeError as e:
+                except (RecursionError, ValueError) as e:
+                    if not isinstance(e, json.JSONDecodeError):  # nesting too deep, huge number: never decodable
+                        index += 1
+                        at = f"{path}:{line}"
+                        yield RawRecord(at, key, index, error=DataError(
+                            f"invalid JSON in array element {index}: {type(e).__name__}: {str(e)[:200]}",
+                            origin=at, reason="invalid_json"))
+                        return
                     if eof:
                         index += 1
                         at = f"{path}:{line}"
@@ -135,6 +142,11 @@ def iter_jsonl(path: str | Path, source_key: Optional[str] = None) -> Iterator[R
             except json.JSONDecodeError as e:
                 yield RawRecord(origin, key, lineno, error=DataError(
                     f"invalid JSON: {e.msg} (column {e.colno})", origin=origin, reason="invalid_json",
+                    raw=text[:2000]))
+                continue
+            except (ValueError, RecursionError) as e:  # e.g. a 5000-digit number, nesting too deep
+                yield RawRecord(origin, key, lineno, error=DataError(
+                    f"invalid JSON: {type(e).__name__}: {str(e)[:200]}", origin=origin, reason="invalid_json",
                     raw=text[:2000]))
                 continue
             yield RawRecord(origin, key, lineno, value=obj)

@@ -92,8 +92,8 @@ def _num(body, key, default, lo, hi, integer=False):
         return default
     if isinstance(v, bool) or not isinstance(v, (int, float)) or (integer and not isinstance(v, int)):
         raise BadRequest(f"'{key}' must be {'an integer' if integer else 'a number'}, got {type(v).__name__}")
-    if not math.isfinite(v) or not lo <= v <= hi:
-        raise BadRequest(f"'{key}'={v} is out of range [{lo}, {hi}]")
+    if isinstance(v, float) and not math.isfinite(v) or not lo <= v <= hi:  # ints compare exactly, any size
+        raise BadRequest(f"'{key}'={str(v)[:40]} is out of range [{lo}, {hi}]")
     return v
 
 
@@ -127,6 +127,10 @@ def parse_request(body: Any, max_tokens_limit: int, default_max_tokens: int) -> 
             content = "".join(p["text"] for p in content)
         if not isinstance(content, str):
             raise BadRequest(f"messages[{k}].content must be a string")
+        try:
+            content.encode("utf-8")
+        except UnicodeEncodeError:
+            raise BadRequest(f"messages[{k}].content is not valid Unicode (lone surrogate)") from None
         out.append({"role": role, "content": content})
     mt = body.get("max_completion_tokens", body.get("max_tokens"))
     mt = default_max_tokens if mt is None else _num({"max_tokens": mt}, "max_tokens", None, 1, max_tokens_limit,
@@ -213,8 +217,9 @@ class ChatServer(ThreadingHTTPServer):
     def __init__(self, addr, engine: Engine, *, model_name: str = "deepspec", max_body_bytes: int = DEFAULT_MAX_BODY,
                  max_tokens_limit: int = 8192, default_max_tokens: int = 1024, max_batch: int = 16,
                  batch_wait_s: float = 0.005, request_timeout_s: float = 3600.0, faults: Optional[Faults] = None,
-                 api_key: Optional[str] = None):
+                 api_key: Optional[str] = None, client_timeout_s: float = 120.0):
         super().__init__(addr, _Handler)
+        self.client_timeout_s = client_timeout_s  # a client silent this long mid-request is dropped (408)
         self._api_key = api_key
         self.engine = engine
         self.model_name = model_name
@@ -234,6 +239,10 @@ class ChatServer(ThreadingHTTPServer):
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: ChatServer
+
+    def setup(self):
+        self.timeout = self.server.client_timeout_s  # socket timeout: a stalled client never pins a thread
+        super().setup()
 
     def log_message(self, fmt, *args):  # quiet by default; errors still go to the logger
         log.debug("%s " + fmt, self.address_string(), *args)
@@ -307,7 +316,11 @@ class _Handler(BaseHTTPRequestHandler):
         if n > self.server.max_body_bytes:
             raise BadRequest(f"request body of {n} bytes exceeds the limit of {self.server.max_body_bytes}",
                              413, "body_too_large")
-        return self.rfile.read(n)
+        try:
+            return self.rfile.read(n)
+        except TimeoutError:
+            raise BadRequest(f"timed out reading the request body ({self.server.client_timeout_s:g} s)",
+                             408, "timeout") from None
 
     def _put(self):
         return self._error(405, "method not allowed", code="method_not_allowed")
@@ -327,8 +340,8 @@ class _Handler(BaseHTTPRequestHandler):
             return self._error(e.status, str(e), e.code, close=True)
         try:
             body = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            return self._error(400, f"invalid JSON body: {e}", code="invalid_json")
+        except (ValueError, RecursionError) as e:  # bad UTF-8/JSON, nesting too deep, 5000-digit numbers
+            return self._error(400, f"invalid JSON body: {type(e).__name__}: {str(e)[:200]}", code="invalid_json")
         srv = self.server
         if srv.faults is not None:
             fault = srv.faults.decide(body if isinstance(body, dict) else {})
