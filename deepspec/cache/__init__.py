@@ -7,6 +7,7 @@ See ``docs/cache.md``.  Public API::
     CacheReader(directory)  # len, reader[i], .manifest, .validate(target_or_dict), .lengths, .verify()
 """
 from .codecs import BF16Codec, Codec, available_codecs, get_codec, register_codec
+from . import lossy as _lossy  # noqa: F401  (registers the fp8 and lowrank codecs)
 from .errors import CacheCorruptError, CacheError, CacheMismatchError
 from .reader import CacheReader
 

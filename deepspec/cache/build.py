@@ -289,6 +289,8 @@ def _build_shard(out: Path, k: int, records, target, codec: Codec, info: Dict[st
     meta = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "codec": info["codec"],
             "feature_dim": info["feature_dim"], "hidden_size": info["hidden_size"], "shard": k,
             "build_key": info["build_key"]}
+    if info.get("codec_state"):  # lossy codecs: shards are tied to their fitted codec state
+        meta["codec_state_sha256"] = info["codec_state"]["sha256"]
     writer = ShardWriter(out, k, meta, tag=tag)
     pad_id = _pad_id(target)
     pending: deque = deque()
@@ -377,6 +379,7 @@ def finalize_cache(directory, strict: bool = False) -> bool:
     shards, rows, skipped = [], [], []
     n_skipped = 0
     fbytes = 0
+    col_bytes = {"features": 0, "last_hidden": 0}
     S, N = int(info["shard_samples"]), int(info["num_records"])
     for k in range(n_shards):
         sc = read_json(out / sidecar_name(k))
@@ -395,6 +398,8 @@ def finalize_cache(directory, strict: bool = False) -> bool:
         skipped.extend(sc.get("skipped", [])[: max(0, _MAX_SKIP_EXAMPLES - len(skipped))])
         fb = sc.get("blob_bytes", {})
         fbytes += int(fb.get("features", 0)) + int(fb.get("last_hidden", 0))
+        for c in col_bytes:
+            col_bytes[c] += int(fb.get(c, 0))
         shards.append({"file": shard_name(k), "range": [lo, hi], "samples": int(sc["samples"]),
                        "tokens": int(sc["tokens"]), "loss_tokens": int(sc["loss_tokens"]),
                        "bytes": int(sc["bytes"]), "sha256": sc["sha256"]})
@@ -421,6 +426,10 @@ def finalize_cache(directory, strict: bool = False) -> bool:
         "index": index, "shards": shards, "build_key": info["build_key"],
         "software": _software(),
     }
+    manifest["stored_column_bytes"] = col_bytes
+    for k in ("codec_state", "codec_error"):  # lossy codecs (lossy.py)
+        if info.get(k) is not None:
+            manifest[k] = info[k]
     atomic_write_json(out / MANIFEST, manifest, tag="final-")
     # every shard is committed, so shard temps left here belong to killed processes; temps of
     # a killed finalize are removed once old enough not to be a concurrent finalizer's
@@ -475,8 +484,6 @@ def build_cache(cfg, regen_path=None, target=None, *, rank: Optional[int] = None
             device = f"cuda:{int(os.environ.get('LOCAL_RANK', rank % max(torch.cuda.device_count(), 1)))}"
         target = load_target(cfg.target, device=device)
     codec = codec_from_config(cfg.cache)
-    if codec.needs_calibration:
-        raise CacheError(f"codec {codec.name!r} needs calibration, which this builder does not support yet")
     sha, n_lines, _ = scan_source(src)
     info = build_info(cfg, target, codec, src, sha, n_lines)
     out.mkdir(parents=True, exist_ok=True)
@@ -484,7 +491,10 @@ def build_cache(cfg, regen_path=None, target=None, *, rank: Optional[int] = None
     if (out / MANIFEST).is_file():
         log.info("cache %s is already complete", out)
         return out
-    if old is None:
+    if codec.needs_calibration:  # lossy codecs: fit (or reload) codec_state.arrow (lossy.py)
+        from .lossy import prepare_codec_state
+        info.update(prepare_codec_state(cfg, target, codec, src, out, old, rank))
+    if old is None or (codec.needs_calibration and "codec_state" not in old):
         atomic_write_json(out / BUILD_INFO, info, tag=f"r{rank}-")
     tag = f"r{rank}-"
     _cleanup_rank(out, rank)

@@ -4,6 +4,8 @@
     deepspec cache info DIR [--json|--full]  samples, tokens, bytes/token, ratio, manifest
     deepspec cache build [OVERRIDES…] [--rank R --world-size W] [--regen PATH] [--no-wait]
     deepspec cache finalize DIR              merge shard sidecars into index + manifest
+    deepspec cache gate [OVERRIDES…] --regen PATH [--codecs bf16,fp8,lowrank] [--out DIR]
+                                             lossless vs lossy: build, train, eval, compare τ (gate.py)
 """
 from __future__ import annotations
 
@@ -68,6 +70,12 @@ def _cmd_info(args) -> int:
         f"compression      {st['ratio_vs_raw']:.3f}x vs raw layout, "
         f"{st['float_ratio_vs_bf16']:.3f}x on the bf16 tensors alone",
     ]
+    cols = m.get("stored_column_bytes")
+    if isinstance(cols, dict) and st["tokens"]:
+        lines.append(f"bytes/token      features {int(cols.get('features', 0)) / st['tokens']:,.1f}, "
+                     f"last_hidden {int(cols.get('last_hidden', 0)) / st['tokens']:,.1f} (+ ids, mask, framing)")
+    from .lossy import format_error_report  # lossy codecs: error measured at build time
+    lines += format_error_report(m)
     print("\n".join(lines))
     shown = dict(m)
     if not args.full and len(m["shards"]) > 4:
@@ -97,6 +105,19 @@ def _cmd_finalize(args) -> int:
     return 0
 
 
+def _cmd_gate(args) -> int:
+    import logging
+    from ..config import load_config
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        datefmt="%H:%M:%S")
+    from .gate import format_markdown, run
+    cfg = load_config(args.overrides)
+    rep = run(cfg, codecs=[c for c in args.codecs.split(",") if c], regen_path=args.regen,
+              out_dir=args.out, tolerance=args.tolerance)
+    print(format_markdown(rep))
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="deepspec cache", description="target hidden-state cache tools")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -121,6 +142,14 @@ def parser() -> argparse.ArgumentParser:
     f = sub.add_parser("finalize", help="write index + manifest once every shard is built")
     f.add_argument("dir")
     f.set_defaults(fn=_cmd_finalize)
+    g = sub.add_parser("gate", help="lossless vs lossy codecs: same drafter, seed, steps, prompts; compare τ")
+    g.add_argument("overrides", nargs="*", help="config overrides (target, draft, train.max_steps, eval.*)")
+    g.add_argument("--regen", default=None, help="regen JSONL (default: deepspec.paths.regen_path)")
+    g.add_argument("--codecs", default="bf16,fp8,lowrank",
+                   help="comma list; the first is the baseline; params as lowrank:rank=64:coef=fp8")
+    g.add_argument("--out", default=None, help="output directory (default {run_dir}/gate)")
+    g.add_argument("--tolerance", type=float, default=0.02, help="allowed relative τ loss (0.02 = 2%%)")
+    g.set_defaults(fn=_cmd_gate)
     return p
 
 

@@ -232,11 +232,10 @@ def codec_from_config(cache_cfg) -> Codec:
     name = cache_cfg.codec
     if name == "bf16":
         return get_codec("bf16", layout=cache_cfg.layout, level=int(cache_cfg.zstd_level))
-    if name in ("fp8", "lowrank") and name not in CODECS:
-        raise CacheError(f"cache.codec={name!r} is planned but not implemented yet; use cache.codec=bf16")
     params: Dict[str, Any] = {}
-    if name == "lowrank":
-        params = {"rank": int(cache_cfg.rank)}
+    if name in ("fp8", "lowrank"):  # lossy codecs (deepspec/cache/lossy.py)
+        from .lossy import params_from_config
+        params = params_from_config(name, cache_cfg)
     return get_codec(name, **params)
 
 

@@ -139,6 +139,10 @@ class CacheReader:
                 raise CacheCorruptError(
                     f"{name}: written with codec {meta.get('codec')}, but the manifest declares "
                     f"{self.manifest['codec']}; a cache never mixes codecs")
+            st = self.manifest.get("codec_state")
+            if (meta.get("codec_state_sha256") or None) != (st.get("sha256") if isinstance(st, dict) else None):
+                raise CacheCorruptError(f"{name}: encoded with another fitted codec state than the manifest's "
+                                        f"{CODEC_STATE}; a cache never mixes codecs")
             if meta.get("feature_dim") != self.feature_dim or meta.get("hidden_size") != self.hidden_size:
                 raise CacheCorruptError(f"{name}: feature_dim/hidden_size in the shard differ from the manifest")
             batches, starts, n = [], [], 0
@@ -226,6 +230,15 @@ class CacheReader:
         hashes under ``"target"``)."""
         compare(self.manifest, expected, where=f"cache {self.path}")
         return self
+
+    def codec_info(self) -> Dict[str, Any]:
+        """Codec name/params, whether it is lossless, the build-time reconstruction error and the
+        decoder arrays of a lossy codec (``lowrank``: ``W`` [L, H, r], ``mu`` [L, H]; features of
+        layer l = ``z_l @ W[l].T + mu[l]``, see docs/cache.md for absorbing it into a drafter)."""
+        c = self.codec
+        dec = getattr(c, "decoder_arrays", None)
+        return {"name": c.name, "params": c.params(), "lossless": bool(c.lossless),
+                "error": self.manifest.get("codec_error"), "decoder": dec() if callable(dec) else {}}
 
     # -- integrity ---------------------------------------------------------------------------------
     def verify(self, decode: bool = False, on_shard: Optional[Callable[[str, Optional[str]], None]] = None

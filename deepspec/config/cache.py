@@ -23,3 +23,8 @@ class CacheConfig:
     # lowrank codec rank and calibration size (tokens) for fp8/lowrank.
     rank: int = 256
     calib_tokens: int = 16384
+    # Lossy codecs (deepspec/cache/lossy.py): lowrank coefficients bf16 | fp8; last_hidden
+    # bf16 (lossless, default: it defines the TV/CE target) | fp8; fp8 scale = margin*maxabs/448.
+    lowrank_coef: str = "bf16"
+    last_hidden_codec: str = "bf16"
+    fp8_margin: float = 1.25
