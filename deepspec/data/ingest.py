@@ -64,7 +64,8 @@ class ErrorFile:
         if self._f is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._tmp = self.path.with_name(f".{self.path.name}.tmp.{os.getpid()}")
-            self._f = open(self._tmp, "w", encoding="utf-8")
+            # backslashreplace: a lone surrogate in a bad record is written as the JSON escape \\udXXX
+            self._f = open(self._tmp, "w", encoding="utf-8", errors="backslashreplace")
         self._f.write(json.dumps(entry, ensure_ascii=False, default=str) + "\n")
 
     def close(self) -> None:

@@ -45,6 +45,15 @@ def iter_json_array(path: str | Path, chunk_chars: int = 1 << 20, allow_truncate
     """
     path = Path(path)
     key = source_key or path.name
+    try:
+        yield from _json_array(path, key, chunk_chars, allow_truncated)
+    except UnicodeDecodeError as e:  # decoding cannot continue past bytes that are not UTF-8
+        yield RawRecord(str(path), key, 0, error=DataError(
+            f"invalid UTF-8 ({e.reason}); the records before it were read, nothing after", origin=str(path),
+            reason="invalid_utf8"))
+
+
+def _json_array(path: Path, key: str, chunk_chars: int, allow_truncated: bool) -> Iterator[RawRecord]:
     dec = json.JSONDecoder()
     with open(path, "r", encoding="utf-8-sig") as f:
         buf, pos, eof = "", 0, False
