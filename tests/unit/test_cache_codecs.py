@@ -88,11 +88,14 @@ def test_lossy_codec_can_plug_in_later():
         codecs.CODECS.pop("_test_halfprec", None)
 
 
-def test_codec_from_config_refuses_unimplemented():
+def test_codec_from_config_lossy_and_unknown():
     from deepspec.config.cache import CacheConfig
     assert codecs.codec_from_config(CacheConfig()).spec()["name"] == "bf16"
-    with pytest.raises(CacheError, match="not implemented"):
-        codecs.codec_from_config(CacheConfig(codec="fp8"))
+    # fp8 / lowrank are implemented in deepspec/cache/lossy.py (tests/unit/test_cache_lossy.py)
+    c = codecs.codec_from_config(CacheConfig(codec="lowrank", rank=32))
+    assert c.needs_calibration and not c.lossless and c.params()["rank"] == 32
+    with pytest.raises(CacheError, match="unknown cache codec"):
+        codecs.codec_from_config(CacheConfig(codec="int4"))
 
 
 def test_decode_rejects_wrong_shape_and_damage():
