@@ -43,6 +43,7 @@ def main(argv=None) -> int:
     p.add_argument("--samples", type=int, default=600, help="ShareGPT conversations to regenerate")
     p.add_argument("--max-new-tokens", type=int, default=160, help="regeneration length per turn")
     p.add_argument("--steps", type=int, default=400, help="training steps per drafter")
+    p.add_argument("--anchors", type=int, default=32, help="anchors per training sequence")
     p.add_argument("--layers", type=int, default=2, help="draft depth for DSpark/DFlash (Eagle3 uses 1)")
     p.add_argument("--eval-samples", type=int, default=4, help="prompts per benchmark")
     p.add_argument("--eval-new-tokens", type=int, default=128)
@@ -58,7 +59,9 @@ def main(argv=None) -> int:
     work = Path(args.work)
     shared = [f"data.regen_path={work / 'regen' / 'regen.jsonl'}", f"cache.dir={work / 'cache'}",
               "target=smollm2_135m", "data=sharegpt", f"data.max_samples={args.samples}",
-              f"engine.max_new_tokens={args.max_new_tokens}", "train=cpu", f"train.max_steps={args.steps}",
+              f"engine.max_new_tokens={args.max_new_tokens}", "engine.max_turns=1", "engine.temperature=0.7",
+              "data.max_length=512", "train=cpu", f"train.max_steps={args.steps}",
+              f"train.anchors_per_sequence={args.anchors}", "eval.temperature=0",
               f"eval.max_samples={args.eval_samples}", f"eval.max_new_tokens={args.eval_new_tokens}",
               f"eval.benchmarks=[{','.join(DOMAIN_BENCHES)}]", "eval.data_dir=" + str(REPO.parent / "shared" / "eval_datasets"),
               *args.extra]
