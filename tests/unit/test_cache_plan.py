@@ -30,6 +30,7 @@ def test_plan_from_regen(tmp_path, target):
     assert p.cache_bytes == pytest.approx(p.total_tokens * p.codec_bytes_per_token)
     assert p.probe_tokens >= 256 and p.capture_tok_s > 0 and p.decode_tok_s > 0 and p.regen_s > 0
     assert p.fits
+    assert p.mean_anchors > 0 and p.train_anchor_s > 0 and p.train_s > 0, p.notes
     buf = io.StringIO()
     assert planmod.run(cfg, target=target, out=buf, probe_tokens=128, decode_steps=2, decode_batch=2,
                        train_probe=False) == 0
