@@ -378,6 +378,12 @@ def _t(s: float) -> str:
     return f"{s / 86400:,.1f} days"
 
 
+def _r(x: float, unit: str) -> str:
+    if not math.isfinite(x):
+        return "n/a"
+    return f"{x:,.1f} {unit}" if x < 10 else f"{x:,.0f} {unit}"
+
+
 def format_plan(p: Plan) -> str:
     L, H = p.num_feature_layers, p.hidden_size
     rows = [
@@ -396,10 +402,9 @@ def format_plan(p: Plan) -> str:
         ("free disk", "", f"{_b(p.free_bytes)} at {p.cache_path}"),
         ("", "", ""),
         (f"time on {p.device}", "throughput", "estimate"),
-        ("regeneration", f"{p.decode_tok_s:,.0f} tok/s" if math.isfinite(p.decode_tok_s) else "n/a", _t(p.regen_s)),
-        ("capture + encode", f"{p.capture_tok_s:,.0f} tok/s, {p.encode_mb_s:,.0f} MB/s enc", _t(p.capture_s)),
-        ("training", f"{p.train_anchor_s:,.1f} blocks/s" if math.isfinite(p.train_anchor_s) else "n/a",
-         _t(p.train_s)),
+        ("regeneration", _r(p.decode_tok_s, "tok/s"), _t(p.regen_s)),
+        ("capture + encode", f"{_r(p.capture_tok_s, 'tok/s')}, {_r(p.encode_mb_s, 'MB/s')} enc", _t(p.capture_s)),
+        ("training", _r(p.train_anchor_s, "blocks/s"), _t(p.train_s)),
     ]
     w0 = max(len(r[0]) for r in rows)
     w1 = max(len(r[1]) for r in rows)
