@@ -28,13 +28,17 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
+import pyarrow as pa
 import torch
 
 from .. import paths
 from ..targets.adapter import INDEX_CONVENTION
 from ..targets.chat import ChatTemplateError
 from .codecs import Codec, codec_from_config, encode_array
+from ..utils.fs import with_path
+from ..utils.signals import GracefulStop, deferred, sigterm_as_interrupt
 from .errors import CacheCorruptError, CacheError, CacheMismatchError
+from .manifest import check_manifest
 from .format import (BUILD_INFO, FORMAT_NAME, FORMAT_VERSION, INDEX, MANIFEST, TMP_PREFIX,
                      ShardWriter, atomic_write_json, read_json, shard_name, sidecar_name, write_index)
 
@@ -310,13 +314,17 @@ def _build_shard(out: Path, k: int, records, target, codec: Codec, info: Dict[st
             drain(1)  # keep one batch compressing while the target runs the next
         drain(0)
         lo, hi = k * info["shard_samples"], min((k + 1) * info["shard_samples"], info["num_records"])
-        return writer.commit({"format_version": FORMAT_VERSION, "build_key": info["build_key"],
-                              "range": [lo, hi], "codec": info["codec"], "skipped": skipped})
-    except BaseException:
+        with deferred():   # SIGTERM / Ctrl-C wait until the shard is committed
+            return writer.commit({"format_version": FORMAT_VERSION, "build_key": info["build_key"],
+                                  "range": [lo, hi], "codec": info["codec"], "skipped": skipped})
+    except BaseException as e:
         for futs in pending:
             for f in futs:
                 f.cancel()
-        writer.abort()
+        writer.abort()   # roll back: the shard's temp file is deleted
+        if isinstance(e, OSError):
+            raise with_path(e, writer.tmp, f"writing {shard_name(k)}; committed shards are kept, "
+                                           "re-run the same command to resume") from e
         raise
 
 
@@ -381,33 +389,43 @@ def finalize_cache(directory, strict: bool = False) -> bool:
     fbytes = 0
     col_bytes = {"features": 0, "last_hidden": 0}
     S, N = int(info["shard_samples"]), int(info["num_records"])
-    for k in range(n_shards):
-        sc = read_json(out / sidecar_name(k))
-        what = str(out / sidecar_name(k))
-        if not isinstance(sc, dict) or sc.get("build_key") != info["build_key"]:
-            raise CacheMismatchError(f"{what}: written by a different build")
-        size = (out / shard_name(k)).stat().st_size
-        if size != sc.get("bytes"):
-            raise CacheCorruptError(f"{shard_name(k)}: {size} bytes on disk, sidecar says {sc.get('bytes')}")
-        lo, hi = k * S, min((k + 1) * S, N)
-        for r, row in enumerate(sc["rows"]):
-            if not lo <= int(row["sample_index"]) < hi:
-                raise CacheCorruptError(f"{what}: sample {row['sample_index']} outside the shard's range")
-            rows.append({**row, "shard": k, "row": r})
-        n_skipped += len(sc.get("skipped", []))
-        skipped.extend(sc.get("skipped", [])[: max(0, _MAX_SKIP_EXAMPLES - len(skipped))])
-        fb = sc.get("blob_bytes", {})
-        fbytes += int(fb.get("features", 0)) + int(fb.get("last_hidden", 0))
-        for c in col_bytes:
-            col_bytes[c] += int(fb.get(c, 0))
-        shards.append({"file": shard_name(k), "range": [lo, hi], "samples": int(sc["samples"]),
-                       "tokens": int(sc["tokens"]), "loss_tokens": int(sc["loss_tokens"]),
-                       "bytes": int(sc["bytes"]), "sha256": sc["sha256"]})
-    rows.sort(key=lambda r: r["sample_index"])
-    for a, b in zip(rows, rows[1:]):
-        if a["sample_index"] == b["sample_index"]:
-            raise CacheCorruptError(f"{out}: sample {a['sample_index']} appears in two shards")
-    index = write_index(out / INDEX, rows, tag="final-")
+    rows_done = False
+    k = None
+    try:   # sidecars are ours, but may be damaged on disk: anything malformed is a CacheCorruptError
+        for k in range(n_shards):
+            sc = read_json(out / sidecar_name(k))
+            what = str(out / sidecar_name(k))
+            if not isinstance(sc, dict) or sc.get("build_key") != info["build_key"]:
+                raise CacheMismatchError(f"{what}: written by a different build")
+            size = (out / shard_name(k)).stat().st_size
+            if size != sc.get("bytes"):
+                raise CacheCorruptError(f"{shard_name(k)}: {size} bytes on disk, sidecar says {sc.get('bytes')}")
+            lo, hi = k * S, min((k + 1) * S, N)
+            for r, row in enumerate(sc["rows"]):
+                if not lo <= int(row["sample_index"]) < hi:
+                    raise CacheCorruptError(f"{what}: sample {row['sample_index']} outside the shard's range")
+                rows.append({**row, "shard": k, "row": r})
+            n_skipped += len(sc.get("skipped", []))
+            skipped.extend(sc.get("skipped", [])[: max(0, _MAX_SKIP_EXAMPLES - len(skipped))])
+            fb = sc.get("blob_bytes", {})
+            fbytes += int(fb.get("features", 0)) + int(fb.get("last_hidden", 0))
+            for c in col_bytes:
+                col_bytes[c] += int(fb.get(c, 0))
+            shards.append({"file": shard_name(k), "range": [lo, hi], "samples": int(sc["samples"]),
+                           "tokens": int(sc["tokens"]), "loss_tokens": int(sc["loss_tokens"]),
+                           "bytes": int(sc["bytes"]), "sha256": sc["sha256"]})
+        rows_done = True
+        rows.sort(key=lambda r: r["sample_index"])
+        for a, b in zip(rows, rows[1:]):
+            if a["sample_index"] == b["sample_index"]:
+                raise CacheCorruptError(f"{out}: sample {a['sample_index']} appears in two shards")
+        index = write_index(out / INDEX, rows, tag="final-")
+    except CacheError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, pa.ArrowException) as e:
+        where = out / sidecar_name(k) if k is not None and k < n_shards and not rows_done else out
+        raise CacheCorruptError(f"{where}: damaged shard sidecar ({type(e).__name__}: {str(e)[:200]}); delete "
+                                f"the damaged shard-*.json to rebuild that shard") from None
     tokens = sum(s["tokens"] for s in shards)
     L, H = len(info["layer_ids"]), int(info["hidden_size"])
     manifest = {
@@ -430,6 +448,7 @@ def finalize_cache(directory, strict: bool = False) -> bool:
     for k in ("codec_state", "codec_error"):  # lossy codecs (lossy.py)
         if info.get(k) is not None:
             manifest[k] = info[k]
+    check_manifest(manifest, str(out / MANIFEST))   # damaged sidecar values never make a "finished" cache
     atomic_write_json(out / MANIFEST, manifest, tag="final-")
     # every shard is committed, so shard temps left here belong to killed processes; temps of
     # a killed finalize are removed once old enough not to be a concurrent finalizer's
@@ -470,7 +489,21 @@ def build_cache(cfg, regen_path=None, target=None, *, rank: Optional[int] = None
     explicit ``rank``/``world_size``) each rank builds its own shards; with ``wait``
     every rank returns only once the manifest exists (``wait=False``: a rank returns
     after its own shards, and the last one to finish writes the manifest;
-    ``wait_timeout_s`` bounds the wait, then `CacheError` names the missing shards)."""
+    ``wait_timeout_s`` bounds the wait, then `CacheError` names the missing shards).
+
+    SIGTERM / Ctrl-C raise `GracefulStop`: the shard being written is rolled back (or, if
+    it is being committed, finished first); committed shards stay for the re-run."""
+    with sigterm_as_interrupt():
+        try:
+            return _build_cache(cfg, regen_path, target, rank=rank, world_size=world_size, wait=wait,
+                                progress=progress, poll_s=poll_s, wait_timeout_s=wait_timeout_s)
+        except GracefulStop as e:
+            log.warning("cache build %s; committed shards are kept in %s; run the same command again to resume",
+                        e, paths.cache_dir(cfg))
+            raise
+
+
+def _build_cache(cfg, regen_path, target, *, rank, world_size, wait, progress, poll_s, wait_timeout_s) -> Path:
     rank, world = resolve_rank(rank, world_size)
     out = paths.cache_dir(cfg)
     src = Path(regen_path) if regen_path is not None else paths.regen_path(cfg)

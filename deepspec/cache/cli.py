@@ -155,11 +155,16 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    from ..utils.signals import GracefulStop
     try:
         return int(args.fn(args) or 0)
-    except CacheError as e:
+    except (CacheError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except GracefulStop as e:
+        print(f"deepspec cache {args.cmd}: {e}; committed shards are kept, run the same command again to "
+              "resume", file=sys.stderr)
+        return e.exit_code
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -97,11 +97,18 @@ def atomic_write_bytes(path: Path, data: bytes, tag: str = "") -> None:
     """temp file + fsync + os.replace (+ directory fsync): never a half-written file."""
     path = Path(path)
     tmp = path.parent / f"{TMP_PREFIX}{tag}{os.getpid()}-{path.name}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as e:
+        tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            from ..utils.fs import with_path
+            raise with_path(e, path, "writing") from e
+        raise
     fsync_dir(path.parent)
 
 

@@ -47,13 +47,21 @@ def write_jsonl_atomic(path: str | os.PathLike, records: Iterable[dict], fsync: 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for r in records:
-            f.write(json.dumps(r, ensure_ascii=False) + "\n")
-        f.flush()
-        if fsync:
-            os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        # backslashreplace: a lone surrogate (e.g. from a server's JSON) is written as its JSON escape
+        with open(tmp, "w", encoding="utf-8", errors="backslashreplace") as f:
+            for r in records:
+                f.write(json.dumps(r, ensure_ascii=False) + "\n")
+            f.flush()
+            if fsync:
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as e:   # never leave a half file behind (it may be what filled the disk)
+        tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            from ..utils.fs import with_path
+            raise with_path(e, path, "writing") from e
+        raise
     return path
 
 

@@ -16,6 +16,9 @@ import shutil
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
+from ..utils.fs import with_path
+from ..utils.signals import deferred
+
 log = logging.getLogger(__name__)
 
 
@@ -94,18 +97,33 @@ class PartStore:
                     h.truncate(good_end)
                     h.flush()
                     os.fsync(h.fileno())
-        self._f = open(f, "ab")
+        self._f = open(f, "ab", buffering=0)   # unbuffered: a failed append can be cut off exactly
 
     def append(self, entries: Iterable[Dict[str, Any]]) -> None:
+        """Append finished samples as whole lines: SIGTERM / Ctrl-C wait for the append to finish;
+        a failed write (disk full, I/O error) is cut off again, keeping every earlier line."""
         if self._f is None:
             self.open()
-        buf = b"".join(json.dumps(e, ensure_ascii=False).encode("utf-8") + b"\n" for e in entries)
+        buf = b"".join(json.dumps(e, ensure_ascii=False).encode("utf-8", "backslashreplace") + b"\n"
+                       for e in entries)
         if not buf:
             return
-        self._f.write(buf)
-        self._f.flush()
-        if self.fsync:
-            os.fsync(self._f.fileno())
+        with deferred():
+            fd = self._f.fileno()
+            start = os.fstat(fd).st_size
+            try:
+                view = memoryview(buf)
+                while view:
+                    view = view[self._f.write(view):]
+                if self.fsync:
+                    os.fsync(fd)
+            except OSError as e:
+                try:
+                    os.ftruncate(fd, start)
+                except OSError:
+                    pass   # a torn last line is also cut off when the job resumes
+                raise with_path(e, self.own_file, "appending finished samples; the earlier ones are kept, "
+                                                  "re-run the same command to resume") from e
 
     def close(self) -> None:
         if self._f is not None:
@@ -127,8 +145,14 @@ def read_json(path: Path) -> Optional[Dict[str, Any]]:
 def write_json_atomic(path: Path, obj: Dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            json.dump(obj, f, indent=1, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as e:
+        tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            raise with_path(e, path, "writing") from e
+        raise

@@ -21,6 +21,7 @@ import hashlib
 import json
 import logging
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -30,6 +31,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from ..data import Conversation, load_conversations, split_conversations, write_heldout, write_jsonl_atomic
 from ..paths import heldout_path, regen_path
 from .base import Completion, Engine, EngineError, GenerationError, Messages, SamplingParams
+from ..utils.signals import GracefulStop, sigterm_as_interrupt
 from .parts import PartStore, read_json, write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -233,7 +235,20 @@ def assemble(paths: RegenPaths, train: Sequence[Conversation], store: PartStore,
 
 
 def regenerate(cfg, engine: Optional[Engine] = None) -> Path:
-    """Regenerate the train split of ``data`` with ``engine`` (built from ``cfg.engine`` if None)."""
+    """Regenerate the train split of ``data`` with ``engine`` (built from ``cfg.engine`` if None).
+
+    SIGTERM / Ctrl-C stop it with `GracefulStop` after the samples already appended (whole
+    lines, fsync'd) — the chunk in flight is dropped and redone by a re-run."""
+    with sigterm_as_interrupt():
+        try:
+            return _regenerate(cfg, engine)
+        except GracefulStop as e:
+            print(f"regenerate: {e}; finished samples are kept in {RegenPaths.from_config(cfg).parts}; "
+                  "run the same command again to resume", file=sys.stderr, flush=True)
+            raise
+
+
+def _regenerate(cfg, engine: Optional[Engine]) -> Path:
     paths = RegenPaths.from_config(cfg)
     ecfg = cfg.engine
     d = _Dist()
@@ -351,7 +366,6 @@ def regenerate(cfg, engine: Optional[Engine] = None) -> Path:
 
 def main(argv=None) -> int:
     """``python -m deepspec.engines.regen [overrides]``: stage 1a alone (e.g. under torchrun)."""
-    import sys
     from ..config import ConfigError, load_config
     from ..data import DataError
     args = list(sys.argv[1:] if argv is None else argv)
@@ -362,9 +376,11 @@ def main(argv=None) -> int:
         return 2
     try:
         regenerate(cfg)
-    except (DataError, RegenError, EngineError) as e:
+    except (DataError, RegenError, EngineError, OSError) as e:
         print(f"regenerate: {e}", file=sys.stderr)
         return 1
+    except GracefulStop as e:
+        return e.exit_code
     return 0
 
 
