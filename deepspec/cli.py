@@ -9,6 +9,7 @@ overrides given, writes the resolved config beside its outputs and runs.
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import logging
 import sys
@@ -103,16 +104,35 @@ def main(argv: Optional[List[str]] = None) -> int:
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     cmd, rest = argv[0], argv[1:]
-    if cmd in STAGES:
-        return run_stage(cmd, rest)
-    if cmd in TOOLS:
-        result = _resolve(TOOLS[cmd][0])(rest)
-        return result if isinstance(result, int) else 0
+    try:
+        if cmd in STAGES:
+            return run_stage(cmd, rest)
+        if cmd in TOOLS:
+            result = _resolve(TOOLS[cmd][0])(rest)
+            return result if isinstance(result, int) else 0
+    except KeyboardInterrupt as e:   # SIGTERM (GracefulStop) or Ctrl-C: the stage already rolled back
+        code = getattr(e, "exit_code", 130)
+        print(f"deepspec {cmd}: {e or 'interrupted'}; finished work is kept, run the same command again "
+              "to resume", file=sys.stderr)
+        return code
+    except OSError as e:
+        if e.errno not in _DISK_ERRNOS:
+            raise
+        if verbose:
+            import traceback
+            traceback.print_exc()
+        print(f"deepspec {cmd}: {e}\nThe last complete state is kept; fix the cause and run the same command "
+              "again to resume.", file=sys.stderr)
+        return 1
     if cmd == "config":
         return _config_cmd(rest)
     parser.print_usage(sys.stderr)
     print(f"deepspec: unknown command {cmd!r}", file=sys.stderr)
     return 2
+
+
+# disk full, quota, permission denied, read-only file system, I/O error: a short message, no traceback
+_DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS, errno.EIO}
 
 
 if __name__ == "__main__":

@@ -4,8 +4,9 @@ Public API: `build_drafter(target, draft_cfg)`, `load_drafter(dir, target)`,
 `available_drafters()`, `register_drafter`, the `Drafter` base class and the
 `Proposal` / `DraftState` decoding records.  See docs/CONTRACTS.md.
 """
-from .base import DraftState, Drafter, DraftTargetMismatchError, Proposal
+from .base import DraftCheckpointError, DraftState, Drafter, DraftTargetMismatchError, Proposal
 from .registry import available_drafters, build_drafter, load_drafter, register_drafter
 
-__all__ = ["Drafter", "DraftState", "Proposal", "DraftTargetMismatchError", "available_drafters",
+__all__ = ["Drafter", "DraftState", "Proposal", "DraftTargetMismatchError", "DraftCheckpointError",
+           "available_drafters",
            "build_drafter", "load_drafter", "register_drafter"]

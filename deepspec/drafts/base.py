@@ -45,6 +45,12 @@ class DraftTargetMismatchError(ValueError):
     """A draft checkpoint was saved against a different target."""
 
 
+class DraftCheckpointError(ValueError):
+    """A draft checkpoint whose config.json is not JSON or whose weights are not safetensors.
+
+    Only ``config.json`` and ``model.safetensors`` are ever read: no pickle, no ``.bin``/``.pt``."""
+
+
 @dataclass
 class Proposal:
     tokens: torch.Tensor                      # [γ] long: drafts for positions p+1 .. p+γ

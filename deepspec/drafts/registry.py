@@ -14,7 +14,7 @@ import logging
 from pathlib import Path
 from typing import Any, Dict, List, Tuple, Type
 
-from .base import CONFIG_NAME, WEIGHTS_NAME, Drafter, check_target, coerce_draft_config
+from .base import CONFIG_NAME, WEIGHTS_NAME, DraftCheckpointError, Drafter, check_target, coerce_draft_config
 
 log = logging.getLogger(__name__)
 _REGISTRY: Dict[str, Tuple[Type[Drafter], Dict[str, Any]]] = {}
@@ -76,12 +76,24 @@ def build_drafter(target, cfg) -> Drafter:
     return drafter
 
 
+def _load_weights(in_dir, device) -> Dict[str, "torch.Tensor"]:
+    """``model.safetensors`` of a draft checkpoint (safetensors only: nothing is ever unpickled)."""
+    from safetensors.torch import load_file
+    path = Path(in_dir) / WEIGHTS_NAME
+    if not path.is_file():
+        raise DraftCheckpointError(f"draft checkpoint {in_dir}: {WEIGHTS_NAME} is missing")
+    try:
+        return load_file(str(path), device=device)
+    except Exception as e:   # SafetensorError on anything else (a pickle, a torch.save zip, garbage)
+        raise DraftCheckpointError(f"{path}: not a readable safetensors file ({type(e).__name__}: {e}); "
+                                   "deepspec loads draft weights from safetensors only") from None
+
+
 def init_weights_from(drafter: Drafter, in_dir, target) -> List[str]:
     """Copy matching weights of a saved drafter into ``drafter``; returns the names copied."""
-    from safetensors.torch import load_file
     meta = read_checkpoint_config(in_dir)
     check_target(meta.get("target") or {}, target, False, where=f"init_from={in_dir}")
-    saved = load_file(str(Path(in_dir) / WEIGHTS_NAME), device=str(drafter.device))
+    saved = _load_weights(in_dir, str(drafter.device))
     own = drafter.state_dict()
     bad = sorted(k for k in saved if k in own and saved[k].shape != own[k].shape)
     if bad:
@@ -101,12 +113,17 @@ def read_checkpoint_config(in_dir) -> Dict[str, Any]:
     path = Path(in_dir) / CONFIG_NAME
     if not path.is_file():
         raise FileNotFoundError(f"no draft checkpoint at {in_dir} (missing {CONFIG_NAME})")
-    return json.loads(path.read_text())
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as e:   # includes bad UTF-8
+        raise DraftCheckpointError(f"{path}: not valid JSON ({type(e).__name__}: {e})") from None
+    if not isinstance(meta, dict):
+        raise DraftCheckpointError(f"{path}: expected a JSON object")
+    return meta
 
 
 def load_drafter(in_dir, target, allow_target_mismatch: bool = False) -> Drafter:
     """Rebuild a drafter saved with `save_pretrained` against ``target`` (checked by fingerprint)."""
-    from safetensors.torch import load_file
     meta = read_checkpoint_config(in_dir)
     name = meta.get("architecture")
     cfg = coerce_draft_config(meta.get("draft") or {})
@@ -117,7 +134,7 @@ def load_drafter(in_dir, target, allow_target_mismatch: bool = False) -> Drafter
     cfg = dataclasses.replace(cfg, init_from=None)   # the saved weights replace any init anyway
     check_target(meta.get("target") or {}, target, allow_target_mismatch, where=str(in_dir))
     drafter = build_drafter(target, cfg)
-    state = load_file(str(Path(in_dir) / WEIGHTS_NAME), device=str(drafter.device))
+    state = _load_weights(in_dir, str(drafter.device))
     missing, unexpected = drafter.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise ValueError(f"draft checkpoint {in_dir} does not fit a {name} drafter: "

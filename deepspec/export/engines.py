@@ -362,7 +362,17 @@ def _load(path) -> Tuple[Dict[str, Any], Dict[str, torch.Tensor]]:
     p = Path(path)
     if not (p / CONFIG_NAME).is_file() or not (p / WEIGHTS_NAME).is_file():
         raise ImportUnsupported(f"{p}: needs {CONFIG_NAME} and {WEIGHTS_NAME}")
-    return json.loads((p / CONFIG_NAME).read_text()), load_file(str(p / WEIGHTS_NAME))
+    try:
+        cfg = json.loads((p / CONFIG_NAME).read_text(encoding="utf-8"))
+    except ValueError as e:
+        raise ExportError(f"{p / CONFIG_NAME}: not valid JSON ({type(e).__name__}: {e})") from None
+    try:
+        weights = load_file(str(p / WEIGHTS_NAME))
+    except Exception as e:   # anything but safetensors (a pickle, a torch.save zip) is refused
+        raise ExportError(f"{p / WEIGHTS_NAME}: not a readable safetensors file ({type(e).__name__}: {e})") from None
+    if not isinstance(cfg, dict):
+        raise ExportError(f"{p / CONFIG_NAME}: expected a JSON object")
+    return cfg, weights
 
 
 def import_vllm(path, target):

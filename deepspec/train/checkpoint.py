@@ -39,6 +39,10 @@ _STEP_RE = re.compile(r"^step_(\d+)$")
 _SEP = "::"
 
 
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be written, or read back as safetensors + JSON (never unpickled)."""
+
+
 # ---------------------------------------------------------------------------------------------
 # finding checkpoints
 # ---------------------------------------------------------------------------------------------
@@ -174,7 +178,8 @@ def _fsync_tree(path: Path) -> None:
         try:
             os.fsync(fd)
         except OSError:
-            pass
+            if not p.is_dir():   # a file that cannot be made durable (ENOSPC, EIO): not a checkpoint
+                raise
         finally:
             os.close(fd)
     _fsync_dir(path)
@@ -209,18 +214,24 @@ def save_checkpoint(root: Path, step: int, *, save_draft: Callable[[Path], None]
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
-    save_draft(tmp)
-    (tmp / "run.yaml").write_text(config_yaml)
-    ts = tmp / "training_state"
-    ts.mkdir()
-    save_file(_tensors(weights), str(ts / "master_weights.safetensors"), metadata={"format": "deepspec-train"})
-    save_file(_tensors(flatten_optimizer_state(optimizer)), str(ts / "optimizer.safetensors"),
-              metadata={"format": "deepspec-train"})
-    rng_t, rng_meta = _rng_files(rng)
-    save_file(_tensors(rng_t), str(ts / "rng.safetensors"))
-    _write_json(ts / "rng.json", rng_meta)
-    _write_json(ts / "meta.json", {"format_version": FORMAT_VERSION, **meta, "step": step})  # last: marks complete
-    _fsync_tree(tmp)
+    try:
+        save_draft(tmp)
+        (tmp / "run.yaml").write_text(config_yaml)
+        ts = tmp / "training_state"
+        ts.mkdir()
+        save_file(_tensors(weights), str(ts / "master_weights.safetensors"), metadata={"format": "deepspec-train"})
+        save_file(_tensors(flatten_optimizer_state(optimizer)), str(ts / "optimizer.safetensors"),
+                  metadata={"format": "deepspec-train"})
+        rng_t, rng_meta = _rng_files(rng)
+        save_file(_tensors(rng_t), str(ts / "rng.safetensors"))
+        _write_json(ts / "rng.json", rng_meta)
+        _write_json(ts / "meta.json", {"format_version": FORMAT_VERSION, **meta, "step": step})  # last: complete
+        _fsync_tree(tmp)
+    except Exception as e:   # disk full, permission denied…: drop the partial copy (frees its space)
+        shutil.rmtree(tmp, ignore_errors=True)
+        kept = latest_checkpoint(root)
+        raise CheckpointError(f"cannot write checkpoint {final} ({type(e).__name__}: {e}); the checkpoints "
+                              f"already saved are intact (latest: {kept or 'none'})") from e
     if final.exists():   # re-saving a step (e.g. after a rollback): swap, never a half state
         old = final.with_name(final.name + ".old")
         if old.exists():
@@ -231,8 +242,12 @@ def save_checkpoint(root: Path, step: int, *, save_draft: Callable[[Path], None]
     else:
         os.rename(tmp, final)
     latest_tmp = root / "latest.tmp"
-    latest_tmp.write_text(final.name + "\n")
-    os.replace(latest_tmp, root / "latest")
+    try:
+        latest_tmp.write_text(final.name + "\n")
+        os.replace(latest_tmp, root / "latest")
+    except OSError as e:   # informational only: resume scans for complete step_N directories
+        latest_tmp.unlink(missing_ok=True)
+        log.warning("could not update %s (%s); checkpoint %s itself is complete", root / "latest", e, final)
     _fsync_dir(root)
     if keep_last and keep_last > 0:
         for s, p in list_checkpoints(root)[:-keep_last]:
@@ -244,12 +259,29 @@ def save_checkpoint(root: Path, step: int, *, save_draft: Callable[[Path], None]
 def load_training_state(path: Path) -> TrainingState:
     path = Path(path)
     ts = path / "training_state"
-    meta = json.loads((ts / "meta.json").read_text())
+
+    def js(name):
+        try:
+            obj = json.loads((ts / name).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:   # ValueError includes bad UTF-8 (e.g. a pickle in its place)
+            raise CheckpointError(f"{ts / name}: not a readable JSON file ({type(e).__name__}: {e})") from None
+        if not isinstance(obj, dict):
+            raise CheckpointError(f"{ts / name}: expected a JSON object")
+        return obj
+
+    def st(name):
+        try:
+            return load_file(str(ts / name))
+        except Exception as e:   # SafetensorError, missing file…  (only safetensors are ever read)
+            raise CheckpointError(f"{ts / name}: not a readable safetensors file ({type(e).__name__}: {e}); "
+                                  "deepspec never unpickles checkpoint files") from None
+
+    meta = js("meta.json")
     if meta.get("format_version") != FORMAT_VERSION:
-        raise ValueError(f"{path}: checkpoint format {meta.get('format_version')} != {FORMAT_VERSION}")
-    weights = load_file(str(ts / "master_weights.safetensors"))
-    optimizer = unflatten_optimizer_state(load_file(str(ts / "optimizer.safetensors")))
+        raise CheckpointError(f"{path}: checkpoint format {meta.get('format_version')} != {FORMAT_VERSION}")
+    weights = st("master_weights.safetensors")
+    optimizer = unflatten_optimizer_state(st("optimizer.safetensors"))
     rng = []
     if (ts / "rng.json").is_file():
-        rng = _rng_from_files(load_file(str(ts / "rng.safetensors")), json.loads((ts / "rng.json").read_text()))
+        rng = _rng_from_files(st("rng.safetensors"), js("rng.json"))
     return TrainingState(path=path, meta=meta, weights=weights, optimizer=optimizer, rng=rng)
