@@ -213,7 +213,8 @@ class Trainer:
                           self.total_steps - self.step, self.span, tc.anchors_per_sequence, self.cfg.seed,
                           tc.pad_to_multiple_of)
         return torch.utils.data.DataLoader(ds, batch_size=None, shuffle=False, num_workers=tc.num_workers,
-                                           pin_memory=self.env.device.type == "cuda")
+                                           pin_memory=self.env.device.type == "cuda",
+                                           worker_init_fn=_ignore_sigint if tc.num_workers else None)
 
     def _to_device(self, batch: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
         batch = {k: v.to(self.env.device, non_blocking=True) for k, v in batch.items()}
@@ -423,6 +424,11 @@ class _Accumulator:
 
     def token_sum(self) -> float:
         return float(torch.stack([t.cpu() for t in self._tokens]).sum()) if self._tokens else 0.0
+
+
+def _ignore_sigint(_worker_id: int) -> None:
+    """Data workers leave Ctrl-C to the main process, which stops cleanly after the step."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _postfix(r: Dict) -> Dict[str, str]:

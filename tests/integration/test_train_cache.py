@@ -79,7 +79,7 @@ def test_same_batch_same_loss_cached_and_online(cached):
 
 def test_cached_and_online_training_follow_the_same_trajectory(cached):
     tmp, _, _ = cached
-    run(load_config(overrides(tmp, run_dir=str(tmp / "from_cache"))))
+    run(load_config(overrides(tmp, run_dir=str(tmp / "from_cache"), **{"train.num_workers": 1})))  # reader in a worker
     run(load_config(overrides(tmp, run_dir=str(tmp / "online"), **{"data.online": True})))
     rec = lambda d: [json.loads(x) for x in (tmp / d / "metrics.jsonl").read_text().splitlines()]
     a, b = rec("from_cache"), rec("online")

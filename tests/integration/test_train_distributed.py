@@ -108,6 +108,9 @@ def test_ddp_fsdp_deepspeed_match_one_process_and_resume_across_world_sizes(tmp_
     ref_ckpt = run(load_config(common(regen, run_dir=str(ref_dir), **{"train.strategy": "single"})))
     ref = losses(ref_dir)
     assert sorted(ref) == [1, 2, 3, 4]
+    # running a finished run again resumes at its end: nothing is trained, the same checkpoint returns
+    assert run(load_config(common(regen, run_dir=str(ref_dir), **{"train.strategy": "single"}))) == ref_ckpt
+    assert losses(ref_dir) == ref
 
     dirs = {s: tmp_path / s for s in ("ddp", "fsdp", "deepspeed")}
     torchrun(tmp_path, [
