@@ -190,3 +190,30 @@ def test_reader_refuses_file_names_outside_the_cache(built, tmp_path):
         with pytest.raises(CacheError, match="bad file name"):
             CacheReader(d)
     assert sorted(os.listdir(tmp_path)) == ["c"]
+
+
+class _Payload:
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):       # unpickling would create the marker file
+        return (open, (self.marker, "w"))
+
+
+@pytest.mark.parametrize("victim", [MANIFEST, INDEX, shard_name(0), sidecar_name(0)])
+def test_pickle_payloads_in_a_cache_are_never_loaded(built, tmp_path, victim):
+    import pickle
+    _, out, _, _ = built
+    marker = tmp_path / "PWNED"
+    d = tmp_path / "c"
+    shutil.copytree(out, d)
+    (d / victim).write_bytes(pickle.dumps([_Payload(marker)]))
+    if victim == sidecar_name(0):
+        (d / MANIFEST).unlink()
+        with pytest.raises(CacheError):
+            finalize_cache(d)
+    else:
+        with pytest.raises(CacheError):
+            with CacheReader(d) as r:
+                [r[i] for i in range(len(r))]
+    assert not marker.exists()
