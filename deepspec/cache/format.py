@@ -187,9 +187,17 @@ class ShardWriter:
         self.tag = tag
         self.tmp = self.dir / f"{TMP_PREFIX}{tag}{os.getpid()}-{shard_name(shard)}"
         self._file = open(self.tmp, "wb")
-        self._hf = _HashingFile(self._file)
-        self._sink = pa.PythonFile(self._hf, mode="w")
-        self._writer = pa.ipc.new_file(self._sink, self.schema)
+        try:   # the schema is written here already: a full disk can fail it
+            self._hf = _HashingFile(self._file)
+            self._sink = pa.PythonFile(self._hf, mode="w")
+            self._writer = pa.ipc.new_file(self._sink, self.schema)
+        except BaseException as e:
+            self._file.close()
+            self.tmp.unlink(missing_ok=True)
+            if isinstance(e, OSError):
+                from ..utils.fs import with_path
+                raise with_path(e, self.tmp, f"starting {self.final.name}") from e
+            raise
         self.rows: List[Dict[str, Any]] = []
         self.blob_bytes = {"input_ids": 0, "loss_mask": 0, "features": 0, "last_hidden": 0}
 
