@@ -30,6 +30,7 @@ import torch
 from deepspec import paths
 from deepspec.config import to_object, to_yaml
 from deepspec.config.schema import DeepSpecConfig
+from deepspec.utils.signals import GracefulStop
 
 from . import checkpoint as ckpt
 from .data import (CachedSequences, GlobalBatchPlan, MicroBatches, OnlineFeatures, OnlineSequences,
@@ -46,13 +47,17 @@ class NonFiniteLossError(RuntimeError):
     """The loss (or one of its terms) became NaN/inf; the run stopped without saving that step."""
 
 
-class TrainingInterrupted(RuntimeError):
-    """SIGTERM / Ctrl-C: the run stopped after saving a complete checkpoint."""
+class TrainingInterrupted(GracefulStop):
+    """SIGTERM / Ctrl-C: the run stopped after saving a complete checkpoint.
+
+    A `KeyboardInterrupt` (like the other stages' `GracefulStop`): the CLI prints one line and
+    exits with 143 (SIGTERM) / 130 (Ctrl-C)."""
 
     def __init__(self, step: int, checkpoint: Optional[Path], signum: int):
-        self.step, self.checkpoint, self.signum = step, checkpoint, signum
-        super().__init__(f"training interrupted by signal {signum} after step {step}; "
-                         f"checkpoint: {checkpoint} (run the same command again to resume)")
+        super().__init__(signum)
+        self.step, self.checkpoint = step, checkpoint
+        self.args = (f"training stopped by {signal.Signals(self.signum).name} after step {step}; "
+                     f"checkpoint {checkpoint} is complete",)
 
 
 def run(cfg: DeepSpecConfig) -> Path:
