@@ -116,6 +116,20 @@ def test_engine_format_import_never_unpickles(tmp_path):
     assert not marker.exists()
 
 
+def test_target_bin_weights_load_with_weights_only(tmp_path):
+    """A target directory with only ``pytorch_model.bin``: transformers loads it with
+    ``torch.load(weights_only=True)``, which refuses the payload instead of running it."""
+    from deepspec.targets import load_target
+    from deepspec.targets.tiny import save_tiny
+    marker = tmp_path / "PWNED"
+    d = save_tiny("llama", tmp_path / "target")
+    (d / "model.safetensors").unlink()
+    _plant(d / "pytorch_model.bin", marker, "torch")
+    with pytest.raises(pickle.UnpicklingError, match="[Ww]eights only"):
+        load_target(TargetConfig(path=str(d), dtype="float32", device="cpu"))
+    assert not marker.exists()
+
+
 def test_no_unsafe_deserialisation_in_the_package():
     """Audit: nothing in deepspec can unpickle a user file (torch.load, pickle.load(s), np.load, …)."""
     unsafe = re.compile(r"\btorch\.load\(|\bpickle\.loads?\(|\bnp\.load\(|\bnumpy\.load\(|allow_pickle\s*=\s*True|"
