@@ -56,11 +56,14 @@ def _prompts(path: Path, n: int) -> Path:
     return path
 
 
+def _regen_args(run_dir: Path, data: Path):
+    return ["target.path=tiny:llama", "target.dtype=float32", "target.device=cpu", "data=jsonl",
+            f"data.path={data}", f"run_dir={run_dir}", "data.heldout_fraction=0", "engine.max_new_tokens=5",
+            "engine.batch_size=2", "engine.chunk_size=2", "engine.temperature=0.8", "engine.progress=false"]
+
+
 def _regen_cfg(run_dir: Path, data: Path):
-    return load_config(["target.path=tiny:llama", "target.dtype=float32", "target.device=cpu", "data=jsonl",
-                        f"data.path={data}", f"run_dir={run_dir}", "data.heldout_fraction=0",
-                        "engine.max_new_tokens=5", "engine.batch_size=2", "engine.chunk_size=2",
-                        "engine.temperature=0.8", "engine.progress=false"])
+    return load_config(_regen_args(run_dir, data))
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +72,7 @@ def engine():
     return HFEngine.from_config(_regen_cfg(Path("/tmp/unused"), Path("/tmp/unused.jsonl")), device="cpu")
 
 
-def test_regeneration_disk_full_keeps_whole_lines_and_resumes(tmp_path, engine, monkeypatch):
+def test_regeneration_disk_full_keeps_whole_lines_and_resumes(tmp_path, engine, monkeypatch, capsys):
     from deepspec.engines import parts
     from deepspec.engines.regen import RegenPaths, regenerate
     data = _prompts(tmp_path / "in.jsonl", 8)
@@ -109,8 +112,15 @@ def test_regeneration_disk_full_keeps_whole_lines_and_resumes(tmp_path, engine, 
     monkeypatch.setattr(os, "replace", replace)
     with pytest.raises(OSError, match="regen.jsonl") as ei:
         regenerate(cfg, engine=engine)
-    monkeypatch.undo()
     assert ei.value.errno == errno.ENOSPC and not paths.output.exists()
+    # the same through `deepspec prepare`: one line naming the file, exit status 1, no traceback
+    from deepspec.cli import main as cli
+    capsys.readouterr()
+    assert cli(["prepare", *_regen_args(tmp_path / "run", data)]) == 1
+    err = capsys.readouterr().err
+    assert f"deepspec prepare: [Errno {errno.ENOSPC}]" in err and str(paths.output) in err
+    assert "Traceback" not in err and "run the same command again" in err
+    monkeypatch.undo()
     assert not [p for p in paths.output.parent.iterdir() if ".tmp." in p.name]
     assert len(_read(part)) == 8      # every sample finished and kept
 
