@@ -80,17 +80,7 @@ def raw_bytes_per_token(hidden_size: int, num_layers: int) -> int:
 
 
 # -- durable small files --------------------------------------------------------------------------
-def fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(str(path), os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+from ..utils.fs import fsync_dir  # noqa: E402  (re-exported for cache modules)
 
 
 def atomic_write_bytes(path: Path, data: bytes, tag: str = "") -> None:

@@ -31,6 +31,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
+from ..utils.fs import fsync_dir
 
 log = logging.getLogger(__name__)
 
@@ -182,20 +183,7 @@ def _fsync_tree(path: Path) -> None:
                 raise
         finally:
             os.close(fd)
-    _fsync_dir(path)
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    fsync_dir(path)
 
 
 def _tensors(d: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
@@ -248,7 +236,7 @@ def save_checkpoint(root: Path, step: int, *, save_draft: Callable[[Path], None]
     except OSError as e:   # informational only: resume scans for complete step_N directories
         latest_tmp.unlink(missing_ok=True)
         log.warning("could not update %s (%s); checkpoint %s itself is complete", root / "latest", e, final)
-    _fsync_dir(root)
+    fsync_dir(root)
     if keep_last and keep_last > 0:
         for s, p in list_checkpoints(root)[:-keep_last]:
             if p != final:

@@ -1,4 +1,4 @@
-"""File-system error messages that name the file (disk full, permission denied, read-only)."""
+"""File-system helpers: errors that name the file (disk full, permission denied), directory fsync."""
 from __future__ import annotations
 
 import os
@@ -15,3 +15,17 @@ def with_path(e: OSError, path: Union[str, os.PathLike], doing: str) -> OSError:
     err = OSError(e.errno, f"{e.strerror or e} ({doing})", str(path))
     err.__cause__ = e
     return err
+
+
+def fsync_dir(path: Union[str, os.PathLike]) -> None:
+    """Persist a directory entry (after a rename); best effort where the OS refuses."""
+    try:
+        fd = os.open(str(path), os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
