@@ -39,6 +39,11 @@ class DraftConfig:
     mask_token_id: Optional[int] = None
     # Eagle3: training-time-test horizon.
     ttt_steps: int = 7
+    # Eagle3: true = every position roots a chain that carries the loss (EAGLE-3's recipe);
+    # false = only chains rooted at the batch's anchors (root = anchor - 1) carry it, so the
+    # LM-head work per step equals DFlash/DSpark's at the same train.anchors_per_sequence.
+    # The draft layers run over every position either way (chains need the true prefix).
+    ttt_dense: bool = True
     loss: LossConfig = field(default_factory=LossConfig)
     # Sequential temperature scaling (filled in by `deepspec calibrate`).
     # Initialise from a saved draft directory: weights with matching names and shapes are

@@ -25,7 +25,10 @@ Training-time test (exact formulation)
     positions.  Each step is one masked SDPA call over ``[K^0 ; ... ; K^j]``.
     Loss: soft cross-entropy to the target distribution, step weight
     ``step_decay**j``, only where x_{r+2+j} is loss-masked and inside the sequence.
-    Eagle3 trains densely on every position and ignores ``batch["anchors"]``.
+    With ``draft.ttt_dense`` (default) every root carries the loss and
+    ``batch["anchors"]`` is ignored; otherwise only roots ``anchor - 1`` do (same
+    LM-head rows as DFlash at the same anchors per sequence; the layers still run
+    over every position).
     Metrics use k = j+1 (draft position k counted from the anchor x_{r+1}).
 """
 from __future__ import annotations
@@ -130,27 +133,40 @@ class Eagle3Drafter(Drafter):
         ids_ext = torch.cat([ids, zeros_tok], 1)
         lm_ext = torch.cat([lm, torch.zeros_like(zeros_tok, dtype=torch.bool)], 1)
         last_ext = torch.cat([last, last.new_zeros(B, S + 2, last.shape[-1])], 1)
+        roots = self._loss_roots(batch, B, T)                                             # [B, T] bool
+        n = int(roots.sum())
         total, denom, per_step, valids = 0.0, 0.0, [], []
         for j, h in self._ttt(batch):
-            tokens = ids_ext[:, 2 + j:2 + j + T].reshape(-1)                             # x_{r+2+j}
-            valid = lm_ext[:, 2 + j:2 + j + T].reshape(-1)
-            tgt = last_ext[:, 1 + j:1 + j + T].reshape(B * T, -1)                          # last_hidden[r+1+j]
-            hf = h.reshape(B * T, -1)
+            tokens = ids_ext[:, 2 + j:2 + j + T][roots]                                   # x_{r+2+j}
+            valid = lm_ext[:, 2 + j:2 + j + T][roots]
+            tgt = last_ext[:, 1 + j:1 + j + T][roots]                                     # last_hidden[r+1+j]
+            hf = h[roots]
             rows = []
-            for s in range(0, B * T, chunk):
+            for s in range(0, n, chunk):
                 num, st = checkpointed(self._chunk_loss, hf[s:s + chunk], tgt[s:s + chunk],
                                        tokens[s:s + chunk], valid[s:s + chunk].float(), float(w[j]))
                 total = total + num
                 rows.append(st)
-            per_step.append(torch.cat(rows, dim=1))                                       # [3, B*T]
+            per_step.append(torch.cat(rows, dim=1) if rows else hf.new_zeros(3, 0))      # [3, n]
             valids.append(valid)
             denom = denom + float(w[j]) * valid.sum()
-        st = torch.stack(per_step, dim=-1)                                                # [3, B*T, S]
+        st = torch.stack(per_step, dim=-1)                                                # [3, n, S]
         terms = {"ce": st[0], "tv": st[1], "top1": st[2]}
         metrics = metrics_from_stats(stat_sums(terms, torch.stack(valids, -1)))
         loss = total / torch.as_tensor(denom, device=dev).clamp(min=1e-8)
         metrics["loss"] = float(loss.detach())
         return {"loss": loss, "metrics": metrics}
+
+    def _loss_roots(self, batch: Dict[str, torch.Tensor], B: int, T: int) -> torch.Tensor:
+        """[B, T] bool: the chain roots that carry the loss (all, or anchor - 1 per anchor)."""
+        if self.cfg.ttt_dense:
+            return torch.ones(B, T, dtype=torch.bool, device=self.device)
+        if "anchors" not in batch:
+            raise ValueError("eagle3 with draft.ttt_dense=false needs batch['anchors']")
+        a = batch["anchors"].to(self.device).long() - 1
+        roots = torch.zeros(B, T + 1, dtype=torch.bool, device=self.device)
+        roots.scatter_(1, torch.where(a >= 0, a, T), True)                                # padding -> column T
+        return roots[:, :T]
 
     @torch.no_grad()
     def step_logits(self, batch: Dict[str, torch.Tensor]) -> torch.Tensor:

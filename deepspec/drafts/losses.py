@@ -65,7 +65,7 @@ def stat_sums(terms: Dict[str, torch.Tensor], valid: torch.Tensor) -> torch.Tens
 
     chain = torch.cumprod(v, dim=-1)
     accept = torch.cumprod(1 - terms["tv"].detach().float().reshape(v.shape), dim=-1)
-    zero = torch.zeros_like(v[0])
+    zero = v.new_zeros(v.shape[-1])
     return torch.stack([v.sum(0), s(terms["ce"]), s(terms["tv"]),
                         s(terms["bce"]) if "bce" in terms else zero, s(terms["top1"]),
                         chain.sum(0), (accept * chain).sum(0)])

@@ -173,3 +173,39 @@ def test_bf16_autocast(tiny_llama):
     out["loss"].backward()
     assert torch.isfinite(out["loss"]) and all(torch.isfinite(p.grad).all() for p in d.parameters())
     assert prop.probs.dtype == torch.float32 and torch.isfinite(prop.probs).all()
+
+
+def test_sparse_roots_over_every_anchor_equal_dense(tiny_target):
+    """ttt_dense=false with anchors at every position gives the dense loss, metrics and grads."""
+    t = tiny_target
+    ids = torch.stack([random_ids(t, 12, 3), random_ids(t, 12, 4)])
+    batch = make_batch(t, ids)
+    batch["loss_mask"][:, :3] = False
+    batch["attention_mask"][1, 10:] = False
+    batch["loss_mask"][1, 10:] = False
+    outs, grads = [], []
+    for dense in (True, False):
+        d = make_eagle(t, seed=5, num_layers=1, ttt_dense=dense)
+        b = dict(batch, anchors=torch.arange(1, 12).expand(2, 11).clone())
+        out = d(b)
+        out["loss"].backward()
+        outs.append(out)
+        grads.append(torch.cat([p.grad.reshape(-1) for p in d.parameters()]))
+    assert torch.allclose(outs[0]["loss"], outs[1]["loss"], atol=1e-6)
+    assert outs[0]["metrics"]["positions"] == outs[1]["metrics"]["positions"]
+    assert abs(outs[0]["metrics"]["expected_tau"] - outs[1]["metrics"]["expected_tau"]) < 1e-6
+    assert torch.allclose(grads[0], grads[1], atol=1e-6)
+
+
+def test_sparse_roots_count_only_anchor_chains(tiny_target):
+    """With anchors {4, 7} (padding -1) only chains rooted at 3 and 6 carry the loss."""
+    t = tiny_target
+    batch = make_batch(t, random_ids(t, 14, 6))
+    batch["anchors"] = torch.tensor([[4, 7, -1]])
+    d = make_eagle(t, num_layers=1, ttt_dense=False)
+    m = d(batch)["metrics"]
+    # root r, step j predicts x_{r+2+j}; every token is loss-masked and inside for these roots
+    assert m["positions"] == 2 * S
+    batch["anchors"] = torch.full((1, 3), -1)
+    out = d(batch)
+    assert out["metrics"]["positions"] == 0 and float(out["loss"]) == 0.0
