@@ -24,6 +24,15 @@ def make_tiny_target(family: str = "llama", num_layers: int = 4, hidden_size: in
     return TargetAdapter(model.to(dtype), tok, num_feature_layers=num_feature_layers, name=f"tiny-{family}")
 
 
+@pytest.fixture
+def one_thread():
+    """Tiny tensors: extra intra-op threads only spin on a shared 2-core machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(params=["llama", "qwen3", "gemma3"])
 def tiny_target(request):
     """A tiny random target of each family (fp32)."""

@@ -44,6 +44,12 @@ class DraftConfig:
     # LM-head work per step equals DFlash/DSpark's at the same train.anchors_per_sequence.
     # The draft layers run over every position either way (chains need the true prefix).
     ttt_dense: bool = True
+    # Eagle3 architecture: native = deepspec's (in_proj over the normed concat, then generic
+    # draft layers with q/k norm; any number of feature layers and layers); engine = the
+    # vLLM/SGLang/speculators EAGLE-3 layer (q/k/v read the 2·hidden concat, residual = the
+    # hidden stream, no q/k norm), exportable with `deepspec export --to vllm|sglang`; needs
+    # exactly 3 target.layer_ids, draft.num_layers=1 and draft.hidden_size unset.
+    eagle3_layout: str = "native"
     loss: LossConfig = field(default_factory=LossConfig)
     # Sequential temperature scaling (filled in by `deepspec calibrate`).
     # Initialise from a saved draft directory: weights with matching names and shapes are

@@ -30,6 +30,18 @@ Training-time test (exact formulation)
     LM-head rows as DFlash at the same anchors per sequence; the layers still run
     over every position).
     Metrics use k = j+1 (draft position k counted from the anchor x_{r+1}).
+
+Layouts (``draft.eagle3_layout``)
+    ``native``: the model above — ``in_proj`` maps the normed 2-wide concat to the draft
+    width, then ``num_layers`` generic `DraftLayer`s (q/k RMSNorm, residual = the
+    projection), over any number of target layers.
+    ``engine``: the EAGLE-3 layer of vLLM (``llama_eagle3.py``), SGLang
+    (``LlamaForCausalLMEagle3``) and speculators (``LlamaDecoderEagle3FirstLayer``):
+    one layer whose q/k/v project ``concat[emb_norm(embed), feat_norm(g)]`` (2·hidden
+    wide) directly, no q/k norm, residual = ``g`` itself (``norm_before_residual``
+    false), ``fc`` over exactly 3 target layers, draft width = target width.  Here
+    ``emb_norm`` / ``feat_norm`` are the engines' ``input_layernorm`` / ``hidden_norm``.
+    Training, the pairing and decoding are the same for both; only ``_step`` differs.
 """
 from __future__ import annotations
 
@@ -45,6 +57,38 @@ from .losses import checkpointed, metrics_from_stats, stat_sums, step_weights, t
 from .registry import register_drafter
 
 
+LAYOUTS = ("native", "engine")
+ENGINE_FEATURE_LAYERS = 3        # the engines' fc is Linear(3 * target_hidden, hidden)
+
+
+def engine_layer_ids_hint(num_layers: int) -> str:
+    """The engines' default low/mid/high layers in deepspec ids (outputs of layer i)."""
+    # vLLM and SGLang capture the inputs of layers (2, L // 2, L - 3) = outputs of these
+    ids = [1, num_layers // 2 - 1, num_layers - 4]
+    if len(set(ids)) == 3 and min(ids) >= 0:
+        return f"e.g. target.layer_ids={ids} (the engines' default low/mid/high layers)"
+    return f"three distinct ids in [0, {num_layers - 1}]"
+
+
+def check_engine_layout(cfg, target) -> None:
+    """Refuse, naming the key, what the engines' EAGLE-3 layer cannot hold."""
+    n = len(target.layer_ids)
+    if n != ENGINE_FEATURE_LAYERS:
+        raise ValueError(f"draft.eagle3_layout=engine needs exactly 3 target feature layers (the engines' fc takes "
+                         f"3·hidden), but target.layer_ids has {n}: {list(target.layer_ids)}; set "
+                         f"{engine_layer_ids_hint(int(target.num_layers))}")
+    ids = [int(i) for i in target.layer_ids]
+    if ids != sorted(set(ids)):
+        raise ValueError(f"draft.eagle3_layout=engine needs strictly increasing target.layer_ids, got {ids}: the "
+                         "engines concatenate the captured layers in layer order")
+    if cfg.num_layers != 1:
+        raise ValueError(f"draft.eagle3_layout=engine has one EAGLE-3 layer; got draft.num_layers={cfg.num_layers} "
+                         "(SGLang's and vLLM's extra layers differ from each other)")
+    if cfg.hidden_size not in (None, int(target.hidden_size)):
+        raise ValueError(f"draft.eagle3_layout=engine needs the target's width: draft.hidden_size={cfg.hidden_size} "
+                         f"!= target hidden size {target.hidden_size} (leave draft.hidden_size unset)")
+
+
 @register_drafter("eagle3")
 class Eagle3Drafter(Drafter):
     def __init__(self, target, cfg):
@@ -52,13 +96,22 @@ class Eagle3Drafter(Drafter):
         cfg = self.cfg
         if cfg.num_layers < 1 or cfg.ttt_steps < 1:
             raise ValueError("eagle3 needs draft.num_layers >= 1 and draft.ttt_steps >= 1")
+        if cfg.eagle3_layout not in LAYOUTS:
+            raise ValueError(f"draft.eagle3_layout={cfg.eagle3_layout!r}: choose from {', '.join(LAYOUTS)}")
+        engine = cfg.eagle3_layout == "engine"
+        if engine:
+            check_engine_layout(cfg, target)
         self.dims = dims = DraftDims.from_target(target.config, cfg)
         D, Ht = dims.hidden_size, self.target_hidden_size
         self.fc = nn.Linear(self.feature_dim, D, bias=False)
         self.feat_norm = RMSNorm(D, dims.rms_eps)
         self.emb_norm = RMSNorm(Ht, dims.rms_eps)
-        self.in_proj = nn.Linear(Ht + D, D, bias=False)
-        self.layers = nn.ModuleList(DraftLayer(dims) for _ in range(cfg.num_layers))
+        if engine:   # q/k/v read the normed concat directly; no q/k norm
+            self.in_proj = None
+            self.layers = nn.ModuleList([DraftLayer(dims, attn_in=2 * D, qk_norm=False)])
+        else:
+            self.in_proj = nn.Linear(Ht + D, D, bias=False)
+            self.layers = nn.ModuleList(DraftLayer(dims) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(D, dims.rms_eps)
         self.out_proj = nn.Linear(D, Ht, bias=False) if D != Ht else None
         init_linear_weights(self)
@@ -72,7 +125,11 @@ class Eagle3Drafter(Drafter):
     def _step(self, tokens: torch.Tensor, g: torch.Tensor, pos: torch.Tensor,
               prefixes: List[Optional[KV]], mask: Optional[torch.Tensor]):
         """tokens [B, n], g [B, n, D] -> (last-layer output [B, n, D], per-layer new (k, v))."""
-        x = self.in_proj(torch.cat([self.emb_norm(self.embed(tokens)), self.feat_norm(g)], dim=-1))
+        x = torch.cat([self.emb_norm(self.embed(tokens)), self.feat_norm(g)], dim=-1)
+        if self.in_proj is None:      # engine layout: one layer, residual = g
+            h, kv = self.layers[0](x, pos, prefix=prefixes[0], mask=mask, residual=g)
+            return h, [kv]
+        x = self.in_proj(x)
         kvs = []
         for layer, prefix in zip(self.layers, prefixes):
             x, kv = layer(x, pos, prefix=prefix, mask=mask)

@@ -2,7 +2,8 @@
 
 One layer type serves every target family (Llama, Qwen3, Gemma3, ...): pre-norm
 RMSNorm, rotary embeddings with the target's base frequency and head size,
-grouped-query attention with per-head q/k RMSNorm, and a SwiGLU MLP.  It is not
+grouped-query attention with per-head q/k RMSNorm (optional: Eagle3's engine
+layout has none), and a SwiGLU MLP.  It is not
 a copy of any family's modeling code; only the sizes and the RoPE base come from
 the target config (`DraftDims.from_target`).
 
@@ -111,18 +112,22 @@ class Rotary(nn.Module):
 
 
 class Attention(nn.Module):
-    """GQA attention with q/k RMSNorm and RoPE; keys/values may carry a prefix."""
+    """GQA attention with RoPE and (by default) per-head q/k RMSNorm; keys/values may carry a prefix.
 
-    def __init__(self, dims: DraftDims):
+    ``in_features`` (default: hidden size) is the width q/k/v project from; ``qk_norm=False``
+    leaves out the per-head RMSNorm (Llama-style attention)."""
+
+    def __init__(self, dims: DraftDims, in_features: Optional[int] = None, qk_norm: bool = True):
         super().__init__()
         self.dims = dims
         H, hd = dims.hidden_size, dims.head_dim
-        self.q_proj = nn.Linear(H, dims.num_heads * hd, bias=False)
-        self.k_proj = nn.Linear(H, dims.num_kv_heads * hd, bias=False)
-        self.v_proj = nn.Linear(H, dims.num_kv_heads * hd, bias=False)
+        n_in = in_features or H
+        self.q_proj = nn.Linear(n_in, dims.num_heads * hd, bias=False)
+        self.k_proj = nn.Linear(n_in, dims.num_kv_heads * hd, bias=False)
+        self.v_proj = nn.Linear(n_in, dims.num_kv_heads * hd, bias=False)
         self.o_proj = nn.Linear(dims.num_heads * hd, H, bias=False)
-        self.q_norm = RMSNorm(hd, dims.rms_eps)
-        self.k_norm = RMSNorm(hd, dims.rms_eps)
+        self.q_norm = RMSNorm(hd, dims.rms_eps) if qk_norm else None
+        self.k_norm = RMSNorm(hd, dims.rms_eps) if qk_norm else None
         self.rotary = Rotary(hd, dims.rope_theta)
 
     def _heads(self, x: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -131,7 +136,8 @@ class Attention(nn.Module):
 
     def project_kv(self, x: torch.Tensor, positions: torch.Tensor) -> KV:
         """Keys (normed, rotated) and values of ``x`` [B, n, H] -> [B, kv_heads, n, d] each."""
-        k = self.k_norm(self._heads(self.k_proj(x), self.dims.num_kv_heads))
+        k = self._heads(self.k_proj(x), self.dims.num_kv_heads)
+        k = k if self.k_norm is None else self.k_norm(k)
         v = self._heads(self.v_proj(x), self.dims.num_kv_heads)
         return self.rotary(k, positions), v
 
@@ -140,7 +146,8 @@ class Attention(nn.Module):
         """x: [B, n, H] (already normed). mask: bool [B or 1, 1, n, P + n] over [prefix ; x].
 
         Returns the attention output [B, n, H] and the new positions' (k, v)."""
-        q = self.rotary(self.q_norm(self._heads(self.q_proj(x), self.dims.num_heads)), positions)
+        q = self._heads(self.q_proj(x), self.dims.num_heads)
+        q = self.rotary(q if self.q_norm is None else self.q_norm(q), positions)
         k, v = self.project_kv(x, positions)
         K, V = (k, v) if prefix is None else (torch.cat([prefix[0], k], 2), torch.cat([prefix[1], v], 2))
         K, V = K.to(q.dtype), V.to(q.dtype)
@@ -165,18 +172,30 @@ class SwiGLU(nn.Module):
 
 
 class DraftLayer(nn.Module):
-    """Pre-norm block: x + attn(norm(x)); x + mlp(norm(x))."""
+    """Pre-norm block: x + attn(norm(x)); x + mlp(norm(x)).
 
-    def __init__(self, dims: DraftDims):
+    With ``attn_in`` set the layer has no input norm: ``x`` is the (already normed)
+    attention input of that width and the first residual is the ``residual`` argument —
+    EAGLE-3's first layer, whose q/k/v read concat[norm(embed), norm(hidden)] and whose
+    residual stream is the hidden state itself."""
+
+    def __init__(self, dims: DraftDims, attn_in: Optional[int] = None, qk_norm: bool = True):
         super().__init__()
-        self.input_norm = RMSNorm(dims.hidden_size, dims.rms_eps)
-        self.attn = Attention(dims)
+        self.input_norm = RMSNorm(dims.hidden_size, dims.rms_eps) if attn_in is None else None
+        self.attn = Attention(dims, attn_in, qk_norm)
         self.post_attn_norm = RMSNorm(dims.hidden_size, dims.rms_eps)
         self.mlp = SwiGLU(dims.hidden_size, dims.intermediate_size)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, prefix: Optional[KV] = None,
-                mask: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, KV]:
-        a, kv = self.attn(self.input_norm(x), positions, prefix, mask)
-        x = x + a
+                mask: Optional[torch.Tensor] = None, residual: Optional[torch.Tensor] = None
+                ) -> Tuple[torch.Tensor, KV]:
+        if self.input_norm is None:
+            if residual is None:
+                raise ValueError("a DraftLayer built with attn_in needs the residual stream")
+            a, kv = self.attn(x, positions, prefix, mask)
+            x = residual + a
+        else:
+            a, kv = self.attn(self.input_norm(x), positions, prefix, mask)
+            x = x + a
         x = x + self.mlp(self.post_attn_norm(x))
         return x, kv

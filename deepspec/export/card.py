@@ -8,6 +8,8 @@ from .common import Checkpoint
 
 FORMAT_TITLES = {"hf": "deepspec checkpoint (from_pretrained)", "vllm": "vLLM — speculators DSpark format",
                  "sglang": "SGLang — DSpark draft (Qwen3DSparkModel)"}
+EAGLE3_TITLES = {"vllm": "vLLM — speculators EAGLE-3 format",
+                 "sglang": "SGLang — EAGLE-3 draft (LlamaForCausalLMEagle3)"}
 
 
 def _fmt(v, nd=3) -> str:
@@ -16,10 +18,15 @@ def _fmt(v, nd=3) -> str:
     return "—" if v is None else str(v)
 
 
-def serve_command(fmt: str, out: str, verifier: str, gamma: int) -> Optional[str]:
+def serve_command(fmt: str, out: str, verifier: str, gamma: int, algorithm: str = "dspark") -> Optional[str]:
+    eagle3 = algorithm == "eagle3"
     if fmt == "vllm":
-        spec = json.dumps({"model": out, "method": "dspark", "num_speculative_tokens": gamma})
+        spec = json.dumps({"model": out, "method": "eagle3" if eagle3 else "dspark", "num_speculative_tokens": gamma})
         return f"vllm serve {verifier} --speculative-config '{spec}'"
+    if fmt == "sglang" and eagle3:
+        return (f"python -m sglang.launch_server --model-path {verifier} --speculative-algorithm EAGLE3 "
+                f"--speculative-draft-model-path {out} --speculative-num-steps {gamma} --speculative-eagle-topk 1 "
+                f"--speculative-num-draft-tokens {gamma + 1}")
     if fmt == "sglang":
         return (f"python -m sglang.launch_server --model-path {verifier} --speculative-algorithm DSPARK "
                 f"--speculative-draft-model-path {out} --speculative-num-draft-tokens {gamma + 1}")
@@ -36,12 +43,13 @@ def model_card(ckpt: Checkpoint, fmt: str, *, out: str, results: Optional[Dict[s
     gamma = int(draft.get("gamma") or 0)
     run_target = (ckpt.run or {}).get("target") or {}
     tpath = target_path or run_target.get("path") or tgt.get("name")
+    title = (EAGLE3_TITLES.get(fmt) if ckpt.algorithm == "eagle3" else None) or FORMAT_TITLES[fmt]
     lines: List[str] = ["---", "library_name: deepspec", "tags:", "  - speculative-decoding",
                         f"  - {ckpt.algorithm}"]
     if tpath and "/" in str(tpath) and not str(tpath).startswith(("/", ".", "tiny:", "reference:")):
         lines.append(f"base_model: {tpath}")
     lines += ["---", "", f"# {ckpt.algorithm} draft for {tpath or 'an unknown target'}", "",
-              f"Format: **{FORMAT_TITLES[fmt]}**, exported by `deepspec export --to {fmt}` from `{ckpt.path}`.", ""]
+              f"Format: **{title}**, exported by `deepspec export --to {fmt}` from `{ckpt.path}`.", ""]
     if dropped:
         lines += ["> [!WARNING]", "> **Parts of the trained draft were left out of this export** "
                   "(`--allow-drop-heads`):", ">"]
@@ -53,7 +61,8 @@ def model_card(ckpt: Checkpoint, fmt: str, *, out: str, results: Optional[Dict[s
     if ckpt.algorithm == "dspark":
         head_row = f"| sequential head | {draft.get('sequential_head', 'none')} (rank {draft.get('head_rank')}) |"
     elif ckpt.algorithm == "eagle3":
-        head_row = f"| training-time-test steps | {draft.get('ttt_steps')} |"
+        head_row = (f"| training-time-test steps | {draft.get('ttt_steps')} (layout "
+                    f"{draft.get('eagle3_layout') or 'native'}) |")
     else:
         head_row = "| heads | none |"
     lines += ["## Draft", "", "| field | value |", "|---|---|",
@@ -71,7 +80,15 @@ def model_card(ckpt: Checkpoint, fmt: str, *, out: str, results: Optional[Dict[s
               f"| tokenizer sha256 | `{fp.get('tokenizer_sha256')}` |",
               f"| chat template sha256 | `{fp.get('chat_template_sha256')}` |", ""]
     if engine_config is not None:
-        if fmt == "vllm":
+        if "eagle_aux_hidden_state_layer_ids" in engine_config:
+            lines += [f"Engine layer ids: `eagle_aux_hidden_state_layer_ids = "
+                      f"{engine_config['eagle_aux_hidden_state_layer_ids']}` (vLLM captures the input of decoder "
+                      "layer k = deepspec id + 1).", ""]
+        elif "eagle_config" in engine_config:
+            lines += [f"Engine layer ids: `eagle_config.eagle_aux_hidden_state_layer_ids = "
+                      f"{engine_config['eagle_config'].get('eagle_aux_hidden_state_layer_ids')}` (layer outputs, as "
+                      "in deepspec; SGLang adds 1 itself).", ""]
+        elif fmt == "vllm":
             aux = engine_config.get("aux_hidden_state_layer_ids")
             lines += [f"Engine layer ids: `aux_hidden_state_layer_ids = {aux}` (vLLM captures the input of decoder "
                       "layer k = deepspec id + 1).", ""]
@@ -98,7 +115,7 @@ def model_card(ckpt: Checkpoint, fmt: str, *, out: str, results: Optional[Dict[s
     else:
         lines += ["No eval results.json found next to the checkpoint (pass `--results` to include τ).", ""]
     lines += ["## Use", ""]
-    cmd = serve_command(fmt, out, verifier or str(tpath), gamma)
+    cmd = serve_command(fmt, out, verifier or str(tpath), gamma, ckpt.algorithm)
     if cmd:
         lines += ["```bash", cmd, "```", ""]
     else:

@@ -104,12 +104,15 @@ def _recorded(path: Path) -> Dict[str, Any]:
                           f"(no {PROVENANCE_NAME}); engine checkpoints trained elsewhere record no target hashes")
     prov = json.loads(prov_path.read_text())
     engine_ids, mask = None, None
-    if "speculators_model_type" in cfg:
-        engine_ids = [int(i) - 1 for i in cfg.get("aux_hidden_state_layer_ids") or []]
+    if "speculators_model_type" in cfg:        # vLLM ids = ours + 1 (DSpark and EAGLE-3 alike)
+        aux = cfg.get("aux_hidden_state_layer_ids") or cfg.get("eagle_aux_hidden_state_layer_ids") or []
+        engine_ids = [int(i) - 1 for i in aux]
         mask = cfg.get("mask_token_id")
     elif "dflash_config" in cfg:
         engine_ids = [int(i) for i in cfg["dflash_config"].get("target_layer_ids") or []]
         mask = cfg["dflash_config"].get("mask_token_id")
+    elif "eagle_config" in cfg:                # SGLang EAGLE-3: layer outputs, as ours
+        engine_ids = [int(i) for i in cfg["eagle_config"].get("eagle_aux_hidden_state_layer_ids") or []]
     return {"target": prov.get("target") or {}, "mask_token_id": mask,
             "algorithm": prov.get("algorithm"), "run": run, "engine_layer_ids": engine_ids}
 

@@ -1,9 +1,13 @@
-"""vLLM (speculators format) and SGLang layouts of the parallel drafter: analysis, export, import.
+"""vLLM (speculators format) and SGLang layouts of our drafters: analysis and export.
+
+The parallel drafter (dflash/dspark) is handled here; Eagle3 in `deepspec.export.engines_eagle3`;
+the import readers live in `deepspec.export.importers` (re-exported here).
 
 What each engine can run (sources in docs/export.md):
 
 ============  =========================================  ==========================================
-ours          vLLM (speculators ``dspark``)                SGLang (``Qwen3DSparkModel``)
+ours          vLLM (speculators ``dspark`` / ``eagle3``)   SGLang (``Qwen3DSparkModel`` /
+                                                          ``LlamaForCausalLMEagle3``)
 ============  =========================================  ==========================================
 dflash        backbone, ``markov_rank=0``                 refused: SGLang's DSpark needs
                                                           ``markov_rank > 0`` and its DFlash reads
@@ -14,7 +18,13 @@ dspark rnn    refused (vLLM serves ``vanilla`` only);     yes
               ``--allow-drop-heads`` → backbone only
 conf head     refused: no way to carry its own W1;        refused (no Markov head)
  w/o seq head ``--allow-drop-heads`` → backbone only
-eagle3        refused (architecture differs, below)      refused (architecture differs, below)
+eagle3        speculators ``eagle3``: ``layers.0.*``,     ``LlamaForCausalLMEagle3``: ``midlayer.*``,
+ engine       ``fc``, ``norm``, target ``lm_head``,        ``fc``, ``norm``, target ``lm_head``,
+ layout       identity ``d2t``/``t2d``                     identity ``d2t``/``t2d``
+eagle3        refused: ``in_proj``, q/k norm and any      refused (same reasons)
+ native       number of feature layers have no engine
+              counterpart (train with
+              ``draft.eagle3_layout=engine``)
 ============  =========================================  ==========================================
 
 Block convention: our block anchored at p is ``[x_p, MASK×(γ−1)]`` at positions
@@ -29,12 +39,12 @@ Layer ids: ours are decoder-layer *outputs* (``hidden_states[i+1]``).  vLLM capt
 residual stream *entering* layer k, so its ``eagle_aux_hidden_state_layer_ids`` — and the
 speculators ``aux_hidden_state_layer_ids`` passed straight into them — are ours + 1
 (vLLM derives the DFlash ``target_layer_ids`` as aux − 1).  SGLang's
-``dflash_config.target_layer_ids`` name layer outputs (it adds 1 itself), i.e. ours.
+``dflash_config.target_layer_ids`` and ``eagle_config.eagle_aux_hidden_state_layer_ids``
+name layer outputs (it adds 1 itself), i.e. ours.
 """
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,27 +53,14 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from . import mapping, schemas
-from .common import CONFIG_NAME, PROVENANCE_NAME, WEIGHTS_NAME, write_json
-from .errors import ExportError, ExportUnsupported, ImportUnsupported
+from .common import CONFIG_NAME, WEIGHTS_NAME, write_json
+from .errors import ExportUnsupported
+from .importers import detect_format, import_sglang, import_vllm, read_provenance  # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
 
 ENGINE_FORMATS = ("vllm", "sglang")
-
-EAGLE3_UNSUPPORTED = (
-    "deepspec's eagle3 drafter cannot be written in the {engine} EAGLE-3 layout without changing what it "
-    "computes: (1) it projects concat[RMSNorm(embed), RMSNorm(fc(features))] with an extra `in_proj` Linear "
-    "and then runs a standard pre-norm layer on the projection (residual = the projection), whereas the "
-    "engines' first EAGLE-3 layer feeds the 2·hidden concatenation straight into q/k/v_proj with the residual "
-    "taken from the fc output (`{ref}`); (2) our draft layers apply per-head q/k RMSNorm, the engines' Llama "
-    "EAGLE-3 layer has none; (3) the engines' `fc` takes exactly 3 target layers (3·target_hidden_size), ours "
-    "takes len(layer_ids)·hidden ({n_layers} layers here). Writing the weights anyway would give a draft that "
-    "loads but proposes garbage, so nothing was written. Export the checkpoint with --to hf, or train a "
-    "dspark/dflash draft for engine serving."
-)
-_EAGLE3_REF = {"vLLM": "vllm/model_executor/models/llama_eagle3.py LlamaDecoderLayer",
-               "SGLang": "python/sglang/srt/models/llama_eagle3.py LlamaDecoderLayer"}
-
+ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang"}
 
 @dataclass
 class Plan:
@@ -90,10 +87,10 @@ def analyze(fmt: str, algorithm: str, draft: Dict[str, Any], state_keys, allow_d
     """Decide what an ``fmt`` export writes, or raise `ExportUnsupported` saying what would be lost."""
     if fmt not in ENGINE_FORMATS:
         raise ValueError(f"not an engine format: {fmt}")
-    engine = {"vllm": "vLLM", "sglang": "SGLang"}[fmt]
+    engine = ENGINE_NAMES[fmt]
     if algorithm == "eagle3":
-        raise ExportUnsupported(EAGLE3_UNSUPPORTED.format(engine=engine, ref=_EAGLE3_REF[engine],
-                                                          n_layers=draft.get("_n_feature_layers", "?")))
+        from .engines_eagle3 import analyze_eagle3
+        return analyze_eagle3(fmt, draft, state_keys)
     if algorithm not in ("dspark", "dflash"):
         raise ExportUnsupported(f"no {engine} layout is known for draft algorithm {algorithm!r}")
     bad = mapping.unrepresentable(state_keys)
@@ -147,7 +144,7 @@ def analyze(fmt: str, algorithm: str, draft: Dict[str, Any], state_keys, allow_d
 
 
 # -- config builders ------------------------------------------------------------------------------------
-def _dtype_name(dtype: torch.dtype) -> str:
+def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
@@ -190,21 +187,24 @@ def verifier_name(target_cfg) -> str:
     return path
 
 
+def speculators_block(algorithm: str, tokens: int, target, target_cfg) -> Dict[str, Any]:
+    """``speculators_config``: one greedy proposal method of ``tokens`` drafts, and the verifier."""
+    archs = list(getattr(target.model.config, "architectures", None) or [type(target.model).__name__])
+    return {"algorithm": algorithm,
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": int(tokens),
+                                  "verifier_accept_k": 1, "accept_tolerance": 0.0}],
+            "default_proposal_method": "greedy",
+            "verifier": {"name_or_path": verifier_name(target_cfg), "architectures": archs}}
+
+
 def vllm_config(drafter, target, target_cfg, plan: Plan, dtype: torch.dtype) -> Dict[str, Any]:
     g = int(drafter.cfg.gamma)
     layer = layer_config(drafter, target)
-    archs = list(getattr(target.model.config, "architectures", None) or [type(target.model).__name__])
     return {
         "architectures": ["DSparkDraftModel"],
         "speculators_model_type": "dspark",
-        "speculators_config": {
-            "algorithm": "dspark",
-            # sample_from_anchor=True: all block_size slots are proposals
-            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": g,
-                                  "verifier_accept_k": 1, "accept_tolerance": 0.0}],
-            "default_proposal_method": "greedy",
-            "verifier": {"name_or_path": verifier_name(target_cfg), "architectures": archs},
-        },
+        # sample_from_anchor=True: all block_size slots are proposals
+        "speculators_config": speculators_block("dspark", g, target, target_cfg),
         "transformer_layer_config": layer,
         "draft_vocab_size": int(target.vocab_size),
         "block_size": g,
@@ -217,8 +217,8 @@ def vllm_config(drafter, target, target_cfg, plan: Plan, dtype: torch.dtype) -> 
         "markov_head_type": plan.markov_head_type,
         "enable_confidence_head": plan.confidence,
         "confidence_head_with_markov": plan.confidence and plan.seq_head != "none",
-        "torch_dtype": _dtype_name(dtype),
-        "dtype": _dtype_name(dtype),
+        "torch_dtype": dtype_name(dtype),
+        "dtype": dtype_name(dtype),
     }
 
 
@@ -234,8 +234,8 @@ def sglang_config(drafter, target, target_cfg, plan: Plan, dtype: torch.dtype) -
         "markov_head_type": plan.markov_head_type,
         "enable_confidence_head": plan.confidence,
         "confidence_head_with_markov": plan.confidence and plan.seq_head != "none",
-        "torch_dtype": _dtype_name(dtype),
-        "dtype": _dtype_name(dtype),
+        "torch_dtype": dtype_name(dtype),
+        "dtype": dtype_name(dtype),
     }
 
 
@@ -278,148 +278,16 @@ def export_engine(fmt: str, drafter, target, target_cfg, out: Path, allow_drop_h
                              "the input of layer k, so it needs aux id = num_layers, which not every vLLM model "
                              "captures")
     dtype = dtype or next(iter(state.values())).dtype
-    weights = {k: v.to(dtype) if v.is_floating_point() else v
-               for k, v in mapping.to_engine(state, drop_parts=plan.drop_parts).items()}
-    cfg = (vllm_config if fmt == "vllm" else sglang_config)(drafter, target, target_cfg, plan, dtype)
-    schemas.check(cfg, SCHEMA_OF[fmt])
+    if drafter.algorithm == "eagle3":
+        from . import engines_eagle3 as e3
+        raw = e3.engine_weights(drafter, target, fmt)
+        cfg, schema = e3.engine_config(fmt, drafter, target, target_cfg, dtype), e3.SCHEMA_OF[fmt]
+    else:
+        raw = mapping.to_engine(state, drop_parts=plan.drop_parts)
+        cfg = (vllm_config if fmt == "vllm" else sglang_config)(drafter, target, target_cfg, plan, dtype)
+        schema = SCHEMA_OF[fmt]
+    weights = {k: v.to(dtype) if v.is_floating_point() else v for k, v in raw.items()}
+    schemas.check(cfg, schema)
     write_json(out / CONFIG_NAME, cfg)
     save_file(weights, str(out / WEIGHTS_NAME), metadata={"format": "pt"})
     return plan, cfg
-
-
-# -- import ------------------------------------------------------------------------------------------------
-def detect_format(path) -> str:
-    p = Path(path)
-    cfg = json.loads((p / CONFIG_NAME).read_text())
-    if "speculators_model_type" in cfg:
-        return "vllm"
-    if "dflash_config" in cfg:
-        return "sglang"
-    if "architecture" in cfg and "draft" in cfg:
-        return "hf"
-    raise ImportUnsupported(f"{p}: unknown draft format (no speculators_model_type, dflash_config or deepspec "
-                            "architecture in config.json)")
-
-
-def _theta(layer: Dict[str, Any]) -> float:
-    t = layer.get("rope_theta")
-    if t is None:
-        t = (layer.get("rope_parameters") or {}).get("rope_theta")
-    return float(t if t is not None else 10000.0)
-
-
-def _build_from_engine(where: str, layer: Dict[str, Any], target, *, our_layer_ids, block_size: int, mask: int,
-                       markov_rank: int, head_type: str, conf: bool, conf_with_markov: bool, vocab: int,
-                       weights: Dict[str, torch.Tensor]):
-    from ..config.draft import DraftConfig
-    from ..drafts import build_drafter
-    from ..drafts.layers import DraftDims
-    if list(our_layer_ids) != list(target.layer_ids):
-        raise ImportUnsupported(f"{where}: the draft reads target layers {list(our_layer_ids)} (deepspec convention: "
-                                f"decoder-layer outputs) but the target is configured with {list(target.layer_ids)}; "
-                                f"load the target with target.layer_ids={list(our_layer_ids)}")
-    if vocab != int(target.vocab_size) or int(layer["vocab_size"]) != int(target.vocab_size):
-        raise ImportUnsupported(f"{where}: draft vocabulary {vocab} != target vocabulary {target.vocab_size}; "
-                                "reduced draft vocabularies (d2t/t2d) have no deepspec equivalent")
-    if int(layer["hidden_size"]) != int(target.hidden_size):
-        raise ImportUnsupported(f"{where}: draft hidden_size {layer['hidden_size']} != target hidden_size "
-                                f"{target.hidden_size}")
-    if markov_rank > 0 and head_type not in ("vanilla", "rnn"):
-        raise ImportUnsupported(f"{where}: markov_head_type={head_type!r} has no deepspec equivalent "
-                                "(deepspec has markov = 'vanilla' and rnn)")
-    if conf and not conf_with_markov:
-        raise ImportUnsupported(f"{where}: a confidence head on the hidden state alone has no deepspec equivalent "
-                                "(deepspec's confidence head always reads a token embedding)")
-    seq = "none" if markov_rank == 0 else {"vanilla": "markov", "rnn": "rnn"}[head_type]
-    algorithm = "dflash" if (seq == "none" and not conf) else "dspark"
-    cfg = DraftConfig(algorithm=algorithm, gamma=int(block_size), num_layers=int(layer["num_hidden_layers"]),
-                      hidden_size=None, intermediate_size=int(layer["intermediate_size"]),
-                      num_attention_heads=int(layer["num_attention_heads"]),
-                      num_key_value_heads=int(layer["num_key_value_heads"]), head_dim=int(layer["head_dim"]),
-                      sequential_head=seq, head_rank=int(markov_rank) if markov_rank else 256,
-                      confidence_head=bool(conf), mask_token_id=int(mask))
-    dims = DraftDims.from_target(target.config, cfg)
-    if abs(dims.rope_theta - _theta(layer)) > 1e-6 * max(1.0, dims.rope_theta):
-        raise ImportUnsupported(f"{where}: rope_theta {_theta(layer)} differs from the target's {dims.rope_theta}; "
-                                "deepspec draft layers always use the target's RoPE base")
-    if abs(dims.rms_eps - float(layer["rms_norm_eps"])) > 1e-12:
-        raise ImportUnsupported(f"{where}: rms_norm_eps {layer['rms_norm_eps']} differs from the target's "
-                                f"{dims.rms_eps}; deepspec draft layers always use the target's epsilon")
-    if layer.get("rope_scaling") not in (None, {}) or (layer.get("rope_parameters") or {}).get(
-            "rope_type", "default") != "default":
-        raise ImportUnsupported(f"{where}: scaled RoPE has no deepspec draft-layer equivalent")
-    drafter = build_drafter(target, cfg)        # parameters in the default dtype, as `load_drafter` does
-    ours = mapping.from_engine(weights)
-    missing, unexpected = drafter.load_state_dict(ours, strict=False)
-    if missing or unexpected:
-        raise ImportUnsupported(f"{where}: weights do not fit a {algorithm} drafter: missing {sorted(missing)}, "
-                                f"unexpected {sorted(unexpected)}")
-    return drafter
-
-
-def _load(path) -> Tuple[Dict[str, Any], Dict[str, torch.Tensor]]:
-    from safetensors.torch import load_file
-    p = Path(path)
-    if not (p / CONFIG_NAME).is_file() or not (p / WEIGHTS_NAME).is_file():
-        raise ImportUnsupported(f"{p}: needs {CONFIG_NAME} and {WEIGHTS_NAME}")
-    try:
-        cfg = json.loads((p / CONFIG_NAME).read_text(encoding="utf-8"))
-    except ValueError as e:
-        raise ExportError(f"{p / CONFIG_NAME}: not valid JSON ({type(e).__name__}: {e})") from None
-    try:
-        weights = load_file(str(p / WEIGHTS_NAME))
-    except Exception as e:   # anything but safetensors (a pickle, a torch.save zip) is refused
-        raise ExportError(f"{p / WEIGHTS_NAME}: not a readable safetensors file ({type(e).__name__}: {e})") from None
-    if not isinstance(cfg, dict):
-        raise ExportError(f"{p / CONFIG_NAME}: expected a JSON object")
-    return cfg, weights
-
-
-def import_vllm(path, target):
-    """A speculators-format (vLLM) DSpark/DFlash draft → our drafter, for ``target``."""
-    cfg, weights = _load(path)
-    kind = cfg.get("speculators_model_type")
-    if kind not in ("dspark", "dflash"):
-        raise ImportUnsupported(f"{path}: speculators_model_type={kind!r}; only dspark/dflash map onto deepspec "
-                                "drafters (deepspec's eagle3 is a different architecture)")
-    if not cfg.get("sample_from_anchor", kind == "dspark"):
-        raise ImportUnsupported(f"{path}: sample_from_anchor is false (block slot k predicts anchor+k, slot 0 "
-                                "untrained); deepspec drafters predict anchor+k+1 from slot k")
-    if kind == "dspark":
-        schemas.check(cfg, "speculators_dspark")
-    layer = cfg["transformer_layer_config"]
-    aux = cfg.get("aux_hidden_state_layer_ids")
-    if not aux:
-        raise ImportUnsupported(f"{path}: no aux_hidden_state_layer_ids")
-    if cfg.get("mask_token_id") is None:
-        raise ImportUnsupported(f"{path}: no mask_token_id")
-    return _build_from_engine(str(path), layer, target, our_layer_ids=[int(i) - 1 for i in aux],
-                              block_size=cfg["block_size"], mask=cfg["mask_token_id"],
-                              markov_rank=int(cfg.get("markov_rank") or 0),
-                              head_type=str(cfg.get("markov_head_type") or "vanilla"),
-                              conf=bool(cfg.get("enable_confidence_head")),
-                              conf_with_markov=bool(cfg.get("confidence_head_with_markov")),
-                              vocab=int(cfg.get("draft_vocab_size") or layer["vocab_size"]), weights=weights)
-
-
-def import_sglang(path, target):
-    """An SGLang DSpark draft (``Qwen3DSparkModel``) → our drafter, for ``target``."""
-    cfg, weights = _load(path)
-    schemas.check(cfg, "sglang_dspark")
-    dc = cfg["dflash_config"]
-    return _build_from_engine(str(path), cfg, target, our_layer_ids=[int(i) for i in dc["target_layer_ids"]],
-                              block_size=dc["block_size"], mask=dc["mask_token_id"],
-                              markov_rank=int(cfg["markov_rank"]), head_type=str(cfg["markov_head_type"]),
-                              conf=bool(cfg.get("enable_confidence_head")),
-                              conf_with_markov=bool(cfg.get("confidence_head_with_markov")),
-                              vocab=int(cfg["vocab_size"]), weights=weights)
-
-
-def read_provenance(path) -> Optional[Dict[str, Any]]:
-    p = Path(path) / PROVENANCE_NAME
-    if not p.is_file():
-        return None
-    try:
-        return json.loads(p.read_text())
-    except json.JSONDecodeError:
-        raise ExportError(f"{p}: not valid JSON")

@@ -16,6 +16,14 @@ Both use the same names, so one table serves both formats.  ``transpose`` marks 
 tensor stored the other way round (our Markov W2 is a ``[rank, V]`` parameter used as
 ``e @ W2``; theirs is ``nn.Linear(rank, V).weight`` = ``[V, rank]``).
 
+Eagle3 (engine layout, ``draft.eagle3_layout=engine``) has its own table, `eagle3_table`:
+the engines' EAGLE-3 layer is ``layers.0.*`` in speculators/vLLM
+(`speculators/models/eagle3/core.py` ``self.layers``; vLLM's `llama_eagle3.py` loader also
+accepts ``midlayer.``) and ``midlayer.*`` in SGLang (`models/llama_eagle3.py`
+``self.midlayer``; other prefixes are skipped there).  Our ``emb_norm`` / ``feat_norm`` are
+that layer's ``input_layernorm`` / ``hidden_norm``.  ``lm_head.weight``, ``d2t`` and ``t2d``
+come from the target and are added by `deepspec.export.engines_eagle3`.
+
 Not representable (no engine counterpart; `analyze` refuses them with a reason):
 ``in_proj`` / ``out_proj`` (draft width ≠ target width: the engines feed the target's
 embedding straight into draft layers and the draft's hidden straight into the target's
@@ -64,6 +72,30 @@ PARALLEL_TABLE: Tuple[Rule, ...] = (
     Rule("conf_head.proj.bias", "confidence_head.proj.bias", part="confidence"),
 )
 
+# Eagle3 engine layout (ours → engine); ``{mid}`` is the EAGLE-3 layer's prefix in that format.
+EAGLE3_LAYER_PREFIX = {"vllm": "layers.0.", "sglang": "midlayer."}
+_EAGLE3_RULES: Tuple[Rule, ...] = (
+    Rule("fc.weight", "fc.weight"),
+    Rule("emb_norm.weight", "{mid}input_layernorm.weight"),
+    Rule("feat_norm.weight", "{mid}hidden_norm.weight"),
+    Rule("layers.0.attn.q_proj.weight", "{mid}self_attn.q_proj.weight"),
+    Rule("layers.0.attn.k_proj.weight", "{mid}self_attn.k_proj.weight"),
+    Rule("layers.0.attn.v_proj.weight", "{mid}self_attn.v_proj.weight"),
+    Rule("layers.0.attn.o_proj.weight", "{mid}self_attn.o_proj.weight"),
+    Rule("layers.0.post_attn_norm.weight", "{mid}post_attention_layernorm.weight"),
+    Rule("layers.0.mlp.gate_proj.weight", "{mid}mlp.gate_proj.weight"),
+    Rule("layers.0.mlp.up_proj.weight", "{mid}mlp.up_proj.weight"),
+    Rule("layers.0.mlp.down_proj.weight", "{mid}mlp.down_proj.weight"),
+    Rule("norm.weight", "norm.weight"),
+)
+
+
+def eagle3_table(fmt: str) -> Tuple[Rule, ...]:
+    """The Eagle3 (engine layout) table with ``fmt``'s layer prefix filled in."""
+    mid = EAGLE3_LAYER_PREFIX[fmt]
+    return tuple(Rule(r.ours, r.engine.replace("{mid}", mid)) for r in _EAGLE3_RULES)
+
+
 # Our keys that have no engine counterpart, with the reason (used in error messages).
 UNREPRESENTABLE = {
     r"in_proj\.weight": "an input projection (draft hidden_size != target hidden_size): the engines feed the "
@@ -102,15 +134,23 @@ def unrepresentable(keys) -> Dict[str, str]:
     return out
 
 
-def to_engine(state: Dict[str, torch.Tensor], drop_parts=()) -> Dict[str, torch.Tensor]:
-    """Rename (and transpose) our parallel-drafter weights to engine names.
+def _compiled(table, side: str):
+    if table is PARALLEL_TABLE:
+        return _OURS if side == "ours" else _ENGINE
+    return [(_compile(getattr(r, side)), r) for r in table]
+
+
+def to_engine(state: Dict[str, torch.Tensor], drop_parts=(), table: Tuple[Rule, ...] = PARALLEL_TABLE
+              ) -> Dict[str, torch.Tensor]:
+    """Rename (and transpose) our drafter weights to engine names (default: the parallel drafter's table).
 
     ``drop_parts`` (subset of markov/rnn/confidence) are left out; any other key the
     table does not cover raises, so a renamed parameter can never be silently lost."""
     out: Dict[str, torch.Tensor] = {}
     unknown: List[str] = []
+    ours = _compiled(table, "ours")
     for key, t in state.items():
-        hit = _match(key, _OURS)
+        hit = _match(key, ours)
         if hit is None:
             unknown.append(key)
             continue
@@ -120,21 +160,27 @@ def to_engine(state: Dict[str, torch.Tensor], drop_parts=()) -> Dict[str, torch.
         name = rule.engine.replace("{i}", i) if i is not None else rule.engine
         out[name] = (t.t() if rule.transpose else t).detach().contiguous().cpu()
     if unknown:
-        raise KeyError(f"no engine name for {sorted(unknown)} (deepspec.export.mapping.PARALLEL_TABLE)")
+        raise KeyError(f"no engine name for {sorted(unknown)} (deepspec.export.mapping)")
     return out
 
 
-def from_engine(weights: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
-    """Engine weight names → our parallel-drafter state_dict keys (inverse of `to_engine`).
+# engine keys that hold what we take from the target (checked by the importers, not loaded)
+SHARED_KEYS = ("embed_tokens", "lm_head", "verifier_lm_head", "verifier_norm", "rotary_emb")
+
+
+def from_engine(weights: Dict[str, torch.Tensor], table: Tuple[Rule, ...] = PARALLEL_TABLE
+                ) -> Dict[str, torch.Tensor]:
+    """Engine weight names → our state_dict keys (inverse of `to_engine`).
 
     Keys the engines keep but we take from the target (``embed_tokens``, ``lm_head`` of a
     full-vocabulary draft, ``verifier_*``) are skipped; anything else unknown raises."""
     out: Dict[str, torch.Tensor] = {}
     unknown: List[str] = []
+    engine = _compiled(table, "engine")
     for key, t in weights.items():
-        if key.split(".")[0] in ("embed_tokens", "lm_head", "verifier_lm_head", "verifier_norm", "rotary_emb"):
+        if key.split(".")[0] in SHARED_KEYS:
             continue
-        hit = _match(key, _ENGINE)
+        hit = _match(key, engine)
         if hit is None:
             unknown.append(key)
             continue

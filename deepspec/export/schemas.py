@@ -19,11 +19,20 @@ code that reads the config at serving time) — see docs/export.md for the sourc
   ``markov_rank`` (> 0), ``markov_head_type``, ``enable_confidence_head``,
   ``confidence_head_with_markov``; ``speculators_model_type`` must be absent (SGLang
   refuses speculators-convention DSpark checkpoints).
+* ``SPECULATORS_EAGLE3`` — speculators ``eagle3`` read by vLLM: the same
+  ``speculators_config`` checks, ``algos.py`` ``update_eagle3`` (``draft_vocab_size``,
+  ``target_hidden_size``, ``norm_before_residual`` — default **true** when absent —
+  ``eagle_aux_hidden_state_layer_ids``); fields as declared by speculators
+  `src/speculators/models/eagle3/config.py` ``Eagle3SpeculatorConfig`` (LlamaConfig layer).
+* ``SGLANG_EAGLE3`` — SGLang's ``LlamaForCausalLMEagle3`` (`python/sglang/srt/models/llama_eagle3.py`):
+  a flat LlamaConfig plus ``draft_vocab_size`` and ``eagle_config``
+  {``eagle_aux_hidden_state_layer_ids``, ``use_aux_hidden_state``} (read in
+  `model_executor/model_runner.py`).
 * ``DEEPSPEC_CHECKPOINT`` — our own ``from_pretrained`` config (`deepspec.drafts.base`).
 
 The dialect: ``type`` (a name or list of names among object/array/string/integer/
 number/boolean/null), ``required``, ``properties``, ``forbidden`` (keys that must be
-absent), ``enum``, ``const``, ``minimum``, ``items``, ``minItems``.
+absent), ``enum``, ``const``, ``minimum``, ``items``, ``minItems``, ``maxItems``.
 """
 from __future__ import annotations
 
@@ -65,6 +74,54 @@ QWEN3_LAYER = {
     },
 }
 
+# EAGLE-3's layer is a Llama decoder layer (no q/k norm): speculators' ``transformer_layer_config``
+# is a LlamaConfig (`models/eagle3/config.py`), SGLang's draft config a flat LlamaConfig.
+LLAMA_LAYER = {
+    "type": "object",
+    "required": QWEN3_LAYER["required"] + ["mlp_bias", "tie_word_embeddings"],
+    "properties": {
+        **{k: v for k, v in QWEN3_LAYER["properties"].items() if k != "layer_types"},
+        "model_type": {"const": "llama"},
+        "num_hidden_layers": {"const": 1},
+        "mlp_bias": {"const": False},
+        "tie_word_embeddings": {"const": False},
+    },
+}
+_EAGLE3_IDS = {"type": "array", "items": _NONNEG_INT, "minItems": 3, "maxItems": 3}
+
+
+def _speculators_config(algorithm: str) -> Dict[str, Any]:
+    """``speculators_config``: what vLLM's ``validate_speculators_config`` reads, as speculators writes it."""
+    return {
+        "type": "object",
+        "required": ["algorithm", "proposal_methods", "default_proposal_method", "verifier"],
+        "properties": {
+            "algorithm": {"const": algorithm},
+            "proposal_methods": {
+                "type": "array", "minItems": 1,
+                "items": {"type": "object", "required": ["proposal_type", "speculative_tokens"],
+                          "properties": {"proposal_type": {"const": "greedy"},
+                                         "speculative_tokens": _POS_INT,
+                                         "verifier_accept_k": _POS_INT,
+                                         "accept_tolerance": _NUM}},
+            },
+            "default_proposal_method": {"const": "greedy"},
+            "verifier": {"type": "object", "required": ["name_or_path", "architectures"],
+                         "properties": {"name_or_path": _STR, "architectures": _STR_LIST}},
+        },
+    }
+
+
+def _speculators_common(model_type: str, architecture: str, layer: Dict[str, Any]) -> Dict[str, Any]:
+    """The properties every speculators config we write shares."""
+    return {"speculators_model_type": {"const": model_type},
+            "architectures": {"type": "array", "items": {"const": architecture}, "minItems": 1},
+            "speculators_config": _speculators_config(model_type),
+            "transformer_layer_config": layer,
+            "draft_vocab_size": _POS_INT,
+            "target_hidden_size": {"type": ["integer", "null"]}}
+
+
 SPECULATORS_DSPARK: Dict[str, Any] = {
     "type": "object",
     "required": ["speculators_model_type", "architectures", "speculators_config", "transformer_layer_config",
@@ -72,30 +129,8 @@ SPECULATORS_DSPARK: Dict[str, Any] = {
                  "markov_rank", "markov_head_type", "enable_confidence_head", "confidence_head_with_markov",
                  "sample_from_anchor"],
     "properties": {
-        "speculators_model_type": {"const": "dspark"},
-        "architectures": {"type": "array", "items": {"const": "DSparkDraftModel"}, "minItems": 1},
-        "speculators_config": {
-            "type": "object",
-            "required": ["algorithm", "proposal_methods", "default_proposal_method", "verifier"],
-            "properties": {
-                "algorithm": {"const": "dspark"},
-                "proposal_methods": {
-                    "type": "array", "minItems": 1,
-                    "items": {"type": "object", "required": ["proposal_type", "speculative_tokens"],
-                              "properties": {"proposal_type": {"const": "greedy"},
-                                             "speculative_tokens": _POS_INT,
-                                             "verifier_accept_k": _POS_INT,
-                                             "accept_tolerance": _NUM}},
-                },
-                "default_proposal_method": {"const": "greedy"},
-                "verifier": {"type": "object", "required": ["name_or_path", "architectures"],
-                             "properties": {"name_or_path": _STR, "architectures": _STR_LIST}},
-            },
-        },
-        "transformer_layer_config": QWEN3_LAYER,
-        "draft_vocab_size": _POS_INT,
+        **_speculators_common("dspark", "DSparkDraftModel", QWEN3_LAYER),
         "block_size": _POS_INT,
-        "target_hidden_size": {"type": ["integer", "null"]},
         "aux_hidden_state_layer_ids": _INT_LIST,
         "mask_token_id": _NONNEG_INT,
         "markov_rank": _NONNEG_INT,
@@ -126,6 +161,38 @@ SGLANG_DSPARK: Dict[str, Any] = {
     },
 }
 
+# vLLM `update_eagle3` (algos.py): copies draft_vocab_size, target_hidden_size (if not null),
+# eagle_aux_hidden_state_layer_ids, and norm_before_residual *defaulting to true* when absent —
+# so it must be written (false: our residual is the un-normed hidden stream).
+SPECULATORS_EAGLE3: Dict[str, Any] = {
+    "type": "object",
+    "required": ["speculators_model_type", "architectures", "speculators_config", "transformer_layer_config",
+                 "draft_vocab_size", "norm_before_residual", "eagle_aux_hidden_state_layer_ids"],
+    "properties": {
+        **_speculators_common("eagle3", "Eagle3Speculator", LLAMA_LAYER),
+        "norm_before_residual": {"const": False},
+        "eagle_aux_hidden_state_layer_ids": _EAGLE3_IDS,
+    },
+}
+
+# SGLang `models/llama_eagle3.py` + `model_executor/model_runner.py`: a flat LlamaConfig;
+# draft_vocab_size set ⇒ lm_head is loaded from the checkpoint (null ⇒ taken from the target);
+# eagle_config.eagle_aux_hidden_state_layer_ids are layer outputs (SGLang adds 1 itself).
+SGLANG_EAGLE3: Dict[str, Any] = {
+    "type": "object",
+    "required": LLAMA_LAYER["required"] + ["architectures", "draft_vocab_size", "eagle_config"],
+    "forbidden": ["speculators_model_type", "dflash_config"],
+    "properties": {
+        **LLAMA_LAYER["properties"],
+        "architectures": {"type": "array", "items": {"const": "LlamaForCausalLMEagle3"}, "minItems": 1},
+        "draft_vocab_size": _POS_INT,
+        "norm_before_residual": {"const": False},
+        "eagle_config": {"type": "object", "required": ["eagle_aux_hidden_state_layer_ids", "use_aux_hidden_state"],
+                         "properties": {"eagle_aux_hidden_state_layer_ids": _EAGLE3_IDS,
+                                        "use_aux_hidden_state": {"const": True}}},
+    },
+}
+
 DEEPSPEC_CHECKPOINT: Dict[str, Any] = {
     "type": "object",
     "required": ["architecture", "format_version", "draft", "mask_token_id", "target"],
@@ -144,6 +211,7 @@ DEEPSPEC_CHECKPOINT: Dict[str, Any] = {
 }
 
 SCHEMAS = {"speculators_dspark": SPECULATORS_DSPARK, "sglang_dspark": SGLANG_DSPARK,
+           "speculators_eagle3": SPECULATORS_EAGLE3, "sglang_eagle3": SGLANG_EAGLE3,
            "deepspec_checkpoint": DEEPSPEC_CHECKPOINT}
 
 _TYPES = {
@@ -194,6 +262,8 @@ def validate(instance: Any, schema: Dict[str, Any], path: str = "$") -> List[str
     if isinstance(instance, list):
         if len(instance) < schema.get("minItems", 0):
             errors.append(f"{path}: needs at least {schema['minItems']} item(s), got {len(instance)}")
+        if "maxItems" in schema and len(instance) > schema["maxItems"]:
+            errors.append(f"{path}: takes at most {schema['maxItems']} item(s), got {len(instance)}")
         if "items" in schema:
             for i, item in enumerate(instance):
                 errors.extend(validate(item, schema["items"], f"{path}[{i}]"))

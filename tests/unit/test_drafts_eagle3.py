@@ -1,25 +1,39 @@
-"""Eagle3: shapes, frozen target, exact training-time-test masking, decoding == training."""
+"""Eagle3: shapes, frozen target, exact training-time-test masking, decoding == training.
+
+Every test runs for both layouts (``draft.eagle3_layout``): the native one and the
+engines' EAGLE-3 layer (which needs exactly 3 feature layers, so the targets here capture 3).
+"""
 import pytest
 import torch
 
+from conftest import make_tiny_target
 from deepspec.config.draft import DraftConfig, LossConfig
 from deepspec.drafts import build_drafter
 
 S = 3
+pytestmark = [pytest.mark.parametrize("layout", ["native", "engine"]), pytest.mark.usefixtures("one_thread")]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny tensors: extra intra-op threads only spin on a shared 2-core machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+@pytest.fixture(params=["llama", "qwen3", "gemma3"])
+def tiny_target(request):
+    return make_tiny_target(request.param, num_feature_layers=3)
 
 
-def make_eagle(target, seed=0, **kw):
+@pytest.fixture
+def tiny_llama():
+    return make_tiny_target("llama", num_feature_layers=3)
+
+
+@pytest.fixture
+def tiny_qwen3():
+    return make_tiny_target("qwen3", num_feature_layers=3)
+
+
+def make_eagle(target, layout, seed=0, **kw):
     torch.manual_seed(seed)
-    return build_drafter(target, DraftConfig(algorithm="eagle3", gamma=S, ttt_steps=S, **kw))
+    if layout == "engine":
+        kw["num_layers"] = 1          # the engines' EAGLE-3 has one layer
+    return build_drafter(target, DraftConfig(algorithm="eagle3", gamma=S, ttt_steps=S, eagle3_layout=layout, **kw))
 
 
 def make_batch(target, ids):
@@ -35,9 +49,9 @@ def random_ids(target, n, seed=0):
     return torch.randint(0, target.vocab_size, (n,), generator=torch.Generator().manual_seed(seed))
 
 
-def test_forward_shapes_and_frozen_target(tiny_target):
+def test_forward_shapes_and_frozen_target(tiny_target, layout):
     t = tiny_target
-    d = make_eagle(t, num_layers=1)
+    d = make_eagle(t, layout, num_layers=1)
     ids = torch.stack([random_ids(t, 14, 1), random_ids(t, 14, 2)])
     batch = make_batch(t, ids)
     batch["loss_mask"][:, :4] = False                 # prompt: no loss
@@ -61,10 +75,10 @@ def test_forward_shapes_and_frozen_target(tiny_target):
     assert logits.shape == (2, S, 14, t.vocab_size) and logits.dtype == torch.float32
 
 
-def test_training_time_test_dependencies(tiny_qwen3):
+def test_training_time_test_dependencies(tiny_qwen3, layout):
     """Step j at root r sees features <= r and tokens x_1..x_{r+1+j}, nothing later."""
     t = tiny_qwen3
-    d = make_eagle(t, num_layers=2)
+    d = make_eagle(t, layout, num_layers=2)
     r = 6
     batch = make_batch(t, random_ids(t, 16))
     base = d.step_logits(batch)[0, :, r]
@@ -87,10 +101,10 @@ def test_training_time_test_dependencies(tiny_qwen3):
         assert changed(b) == [j >= m for j in range(S)], m
 
 
-def test_loss_and_metrics_by_hand(tiny_llama):
+def test_loss_and_metrics_by_hand(tiny_llama, layout):
     """Soft CE to softmax(last_hidden[r+1+j]) for x_{r+2+j}, step weights step_decay**j, loss-masked only."""
     t = tiny_llama
-    d = make_eagle(t, num_layers=1, loss=LossConfig(step_decay=0.5))
+    d = make_eagle(t, layout, num_layers=1, loss=LossConfig(step_decay=0.5))
     T = 10
     batch = make_batch(t, random_ids(t, T, 9))
     batch["loss_mask"][0, :3] = False
@@ -118,12 +132,12 @@ def test_loss_and_metrics_by_hand(tiny_llama):
         assert m[f"accept_rate/{j + 1}"] == pytest.approx(1 - sum(tv[j]) / len(tv[j]), abs=1e-6)
 
 
-def test_chunked_equals_unchunked(tiny_llama):
+def test_chunked_equals_unchunked(tiny_llama, layout):
     t = tiny_llama
     ids = torch.stack([random_ids(t, 12, 3), random_ids(t, 12, 4)])
     res = []
     for chunk in (0, 1):                                # 1 anchor-chunk = gamma rows per chunk
-        d = make_eagle(t, num_layers=1, loss=LossConfig(chunk_size=chunk))
+        d = make_eagle(t, layout, num_layers=1, loss=LossConfig(chunk_size=chunk))
         out = d(make_batch(t, ids))
         out["loss"].backward()
         res.append((out, {n: p.grad.clone() for n, p in d.named_parameters()}))
@@ -140,10 +154,9 @@ def softmax_warp(logits):
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
-def test_decoding_matches_training_forward(family):
-    from conftest import make_tiny_target
-    t = make_tiny_target(family)
-    d = make_eagle(t, num_layers=2)
+def test_decoding_matches_training_forward(family, layout):
+    t = make_tiny_target(family, num_feature_layers=3)
+    d = make_eagle(t, layout, num_layers=2)
     T = 9
     ids = random_ids(t, T + 1, 7)
     feats = t.capture(ids[None, :T]).features[0]
@@ -163,9 +176,9 @@ def test_decoding_matches_training_forward(family):
     assert longer.tokens.shape == (S + 2,)
 
 
-def test_bf16_autocast(tiny_llama):
+def test_bf16_autocast(tiny_llama, layout):
     t = tiny_llama
-    d = make_eagle(t, num_layers=1)
+    d = make_eagle(t, layout, num_layers=1)
     batch = make_batch(t, random_ids(t, 12, 2))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = d(batch)
@@ -175,7 +188,7 @@ def test_bf16_autocast(tiny_llama):
     assert prop.probs.dtype == torch.float32 and torch.isfinite(prop.probs).all()
 
 
-def test_sparse_roots_over_every_anchor_equal_dense(tiny_target):
+def test_sparse_roots_over_every_anchor_equal_dense(tiny_target, layout):
     """ttt_dense=false with anchors at every position gives the dense loss, metrics and grads."""
     t = tiny_target
     ids = torch.stack([random_ids(t, 12, 3), random_ids(t, 12, 4)])
@@ -185,7 +198,7 @@ def test_sparse_roots_over_every_anchor_equal_dense(tiny_target):
     batch["loss_mask"][1, 10:] = False
     outs, grads = [], []
     for dense in (True, False):
-        d = make_eagle(t, seed=5, num_layers=1, ttt_dense=dense)
+        d = make_eagle(t, layout, seed=5, num_layers=1, ttt_dense=dense)
         b = dict(batch, anchors=torch.arange(1, 12).expand(2, 11).clone())
         out = d(b)
         out["loss"].backward()
@@ -197,15 +210,40 @@ def test_sparse_roots_over_every_anchor_equal_dense(tiny_target):
     assert torch.allclose(grads[0], grads[1], atol=1e-6)
 
 
-def test_sparse_roots_count_only_anchor_chains(tiny_target):
+def test_sparse_roots_count_only_anchor_chains(tiny_target, layout):
     """With anchors {4, 7} (padding -1) only chains rooted at 3 and 6 carry the loss."""
     t = tiny_target
     batch = make_batch(t, random_ids(t, 14, 6))
     batch["anchors"] = torch.tensor([[4, 7, -1]])
-    d = make_eagle(t, num_layers=1, ttt_dense=False)
+    d = make_eagle(t, layout, num_layers=1, ttt_dense=False)
     m = d(batch)["metrics"]
     # root r, step j predicts x_{r+2+j}; every token is loss-masked and inside for these roots
     assert m["positions"] == 2 * S
     batch["anchors"] = torch.full((1, 3), -1)
     out = d(batch)
     assert out["metrics"]["positions"] == 0 and float(out["loss"]) == 0.0
+
+
+def test_layout_structure_and_config_errors(layout):
+    """engine: one 2·hidden-input layer without q/k norm or in_proj; misfits are refused naming the key."""
+    two = make_tiny_target("llama")                               # 2 feature layers
+    with pytest.raises(ValueError, match="draft.eagle3_layout='bogus'"):
+        build_drafter(two, DraftConfig(algorithm="eagle3", eagle3_layout="bogus"))
+    if layout == "native":
+        d = make_eagle(two, layout, num_layers=2)
+        assert d.in_proj is not None and d.layers[0].attn.q_norm is not None
+        return
+    with pytest.raises(ValueError, match=r"target.layer_ids has 2"):
+        make_eagle(two, layout)
+    t = make_tiny_target("llama", num_feature_layers=3)
+    cfg = dict(algorithm="eagle3", eagle3_layout=layout)
+    with pytest.raises(ValueError, match="draft.num_layers=2"):
+        build_drafter(t, DraftConfig(**cfg, num_layers=2))
+    with pytest.raises(ValueError, match="draft.hidden_size=32"):
+        build_drafter(t, DraftConfig(**cfg, num_layers=1, hidden_size=32))
+    d = make_eagle(t, layout)
+    attn = d.layers[0].attn
+    assert d.in_proj is None and d.out_proj is None and d.layers[0].input_norm is None
+    assert attn.q_norm is None and attn.k_norm is None
+    assert attn.q_proj.in_features == attn.k_proj.in_features == 2 * t.hidden_size
+    assert d.fc.in_features == 3 * t.hidden_size

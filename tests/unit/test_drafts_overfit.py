@@ -16,6 +16,7 @@ CASES = {
     "dspark_markov": dict(algorithm="dspark", sequential_head="markov"),
     "dspark_rnn": dict(algorithm="dspark", sequential_head="rnn"),
     "eagle3": dict(algorithm="eagle3", ttt_steps=3),
+    "eagle3_engine": dict(algorithm="eagle3", ttt_steps=3, eagle3_layout="engine"),
 }
 
 
@@ -24,7 +25,7 @@ def sharp_sample():
     from conftest import make_tiny_target
     n = torch.get_num_threads()
     torch.set_num_threads(1)
-    t = make_tiny_target("llama")
+    t = make_tiny_target("llama", num_feature_layers=3)      # eagle3's engine layout reads exactly 3
     with torch.no_grad():
         t.lm_head.weight.mul_(30.0)
     g = torch.Generator().manual_seed(0)

@@ -148,13 +148,15 @@ def test_rnn_head_to_vllm_refused_unless_dropped(target, tmp_path):
     _same_blocks(backbone.eval(), import_draft(tmp_path / "v", target), target)
 
 
-def test_eagle3_only_hf(target, tmp_path):
+def test_native_eagle3_only_hf(target, tmp_path):
+    """The native Eagle3 layout exports only to hf (engine layout: tests/unit/test_export_eagle3.py)."""
     d = _trained(target, "eagle3", seed=4, ttt_steps=2)
     ckpt = _save(d, tmp_path / "ckpt")
     for fmt in ("vllm", "sglang"):
         with pytest.raises(ExportUnsupported, match="in_proj") as e:
             export_draft(ckpt, tmp_path / fmt, fmt, target=target)
-        assert "q/k RMSNorm" in str(e.value) and not (tmp_path / fmt).exists()
+        assert "q/k RMSNorm" in str(e.value) and "draft.eagle3_layout=engine" in str(e.value)
+        assert not (tmp_path / fmt).exists()
     res = export_draft(ckpt, tmp_path / "hf", "hf", target=target)
     assert res.verified["reimport_max_abs_diff"] == 0.0
     assert (tmp_path / "hf" / "model.safetensors").read_bytes() == (ckpt / "model.safetensors").read_bytes()
