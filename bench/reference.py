@@ -27,8 +27,13 @@ DRAFTERS = {
     "dspark_markov": ["draft=dspark", "draft.sequential_head=markov"],
     "dspark_rnn": ["draft=dspark_rnn"],
     "dflash": ["draft=dflash"],
-    "eagle3": ["draft=eagle3"],
+    # Loss on the chains rooted at the sampled anchors: the same LM-head rows per step as the
+    # others (dense TTT would do ~T/anchors times the vocabulary work of DFlash per step).
+    "eagle3": ["draft=eagle3", "draft.ttt_dense=false"],
 }
+# Arguments that must match for a later `--only` run to join an earlier result file.
+SHARED_ARGS = ("work", "samples", "max_new_tokens", "steps", "anchors", "layers", "eval_samples",
+               "eval_new_tokens", "extra")
 DOMAIN_BENCHES = ["gsm8k", "math500", "humaneval", "mbpp", "mt-bench", "arena-hard-v2"]
 
 
@@ -69,6 +74,16 @@ def main(argv=None) -> int:
               "machine": {"platform": platform.platform(), "processor": platform.processor(),
                           "python": platform.python_version()},
               "command": " ".join([sys.executable, *sys.argv]), "args": vars(args), "stages": {}, "drafters": {}}
+    out = REPO / "bench" / "results" / f"reference-{record['date'][:10]}.json"
+    if out.is_file():   # a later `--only` run joins the same day's result if its settings match
+        old = json.loads(out.read_text())
+        if all(old["args"].get(k) == record["args"][k] for k in SHARED_ARGS):
+            record["drafters"] = {k: v for k, v in old["drafters"].items() if k not in args.only}
+            record["commands"] = old.get("commands", [old["command"]])
+            record["joined_stages"] = old["stages"]   # regeneration and cache ran in the first run
+            print(f"joining {out} (drafters kept: {sorted(record['drafters'])})")
+    record.setdefault("commands", [])
+    record["commands"].append(record["command"])
     import torch
     record["machine"]["torch"] = torch.__version__
     record["machine"]["threads"] = torch.get_num_threads()
@@ -107,9 +122,10 @@ def main(argv=None) -> int:
         record["drafters"][name] = {"checkpoint": str(ckpt), "train_s": train_s, "eval_s": eval_s,
                                     "train_last_metrics": metrics[-1] if metrics else None,
                                     "eval": results}
-        (REPO / "bench" / "results").mkdir(parents=True, exist_ok=True)
-        out = REPO / "bench" / "results" / f"reference-{record['date'][:10]}.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(record, indent=2, default=str))
+    if "joined_stages" in record:
+        record["stages_reuse"], record["stages"] = record["stages"], record.pop("joined_stages")
     record["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     out.write_text(json.dumps(record, indent=2, default=str))
     print(f"wrote {out}")

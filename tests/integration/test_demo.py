@@ -1,0 +1,54 @@
+"""`deepspec demo` end to end on the real reference target, scaled down to CI size.
+
+The README's main command, with overrides that shrink every stage (8 prompts, 16 new
+tokens, 2 training steps, one prompt per benchmark): regenerate → cache → train → eval on
+three domains → τ table, report and plots.  A re-run reuses every stage's output."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+SMALL = ["data.max_samples=8", "engine.max_new_tokens=16", "engine.batch_size=8",
+         "train.max_steps=2", "train.global_batch_sequences=2", "train.micro_batch_sequences=2",
+         "train.anchors_per_sequence=4", "train.save_every=2", "train.eval_every=0",
+         "eval.max_samples=1", "eval.max_new_tokens=16"]
+
+
+def _demo(run_dir: Path, eval_dir: Path):
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", WANDB_MODE="offline")
+    cmd = [sys.executable, "-m", "deepspec.cli", "demo", f"run_dir={run_dir}", f"eval.data_dir={eval_dir}", *SMALL]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+
+
+def test_reduced_demo_end_to_end(tmp_path, reference_target_dir, eval_data_dir):
+    run_dir = tmp_path / "demo"
+    r = _demo(run_dir, eval_data_dir)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    out = r.stdout
+    for stage in ("1/4 regenerate", "2/4 capture", "3/4 train a dspark", "4/4 speculative decoding", "=== result ==="):
+        assert stage in out
+    assert "| **overall (macro)** |" in out and "demo finished in" in out
+    report = next(run_dir.rglob("report.md"))
+    results = json.loads((report.parent / "results.json").read_text())
+    assert set(results["benchmarks"]) == {"gsm8k", "humaneval", "mt-bench"}
+    assert {b["domain"] for b in results["benchmarks"].values()} == {"math", "code", "chat"}
+    assert 1.0 <= results["overall"]["tau"] <= 8.0
+    # greedy speculative decoding reproduced the target's own greedy output on every prompt
+    gc = results["greedy_check"]
+    assert gc["compared"] >= 3 and gc["matched"] == gc["compared"], gc   # mt-bench has 2 turns
+    assert list((report.parent / "plots").glob("*.png"))
+    assert (run_dir / "resolved_config.yaml").is_file() or list(run_dir.rglob("resolved_config.yaml"))
+    ckpt_lines = [l for l in out.splitlines() if l.startswith("checkpoint:")]
+    assert ckpt_lines and Path(ckpt_lines[0].split(":", 1)[1].strip()).exists()
+
+    again = _demo(run_dir, eval_data_dir)       # every stage reuses what the first run wrote
+    assert again.returncode == 0, again.stderr[-3000:]
+    log = again.stdout + again.stderr + "".join(p.read_text() for p in run_dir.rglob("*.log"))
+    assert "regenerate: already complete" in log
+    assert "is already complete" in log or "already complete" in log.split("regenerate: already complete", 1)[1]
+    assert "resuming from" in log and "(step 2," in log
