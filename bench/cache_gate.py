@@ -35,6 +35,8 @@ def main() -> int:
     ap.add_argument("--codecs", default="bf16,fp8,lowrank:rank=64")
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--max-length", type=int, default=192)
+    ap.add_argument("--heldout", type=float, default=0.15,
+                    help="fraction of sequences held out of training and scored teacher-forced on lossless features")
     ap.add_argument("--calib-tokens", type=int, default=4096)
     ap.add_argument("--benchmarks", default="gsm8k,mt-bench")
     ap.add_argument("--prompts", type=int, default=2, help="prompts per benchmark")
@@ -73,7 +75,7 @@ def main() -> int:
         "draft=dspark", f"data.max_length={args.max_length}", "cache.shard_samples=32",
         f"cache.calib_tokens={args.calib_tokens}", "train.strategy=single", "train.global_batch_sequences=4",
         "train.micro_batch_sequences=4", "train.anchors_per_sequence=16", f"train.max_steps={args.steps}",
-        "train.save_every=0", "train.eval_every=0", "train.heldout_fraction=0", "train.bf16=false",
+        "train.save_every=0", "train.eval_every=0", f"train.heldout_fraction={args.heldout}", "train.bf16=false",
         f"train.max_length={args.max_length}", f"eval.data_dir={args.eval_data}",
         f"eval.benchmarks=[{args.benchmarks}]", f"eval.max_samples={args.prompts}",
         f"eval.max_new_tokens={args.max_new_tokens}", "eval.temperature=0", "eval.progress=false",

@@ -4,7 +4,13 @@ For every codec, from the SAME regen JSONL: build the cache, train the same draf
 same seed and steps on it (`deepspec.train.loop.run`, one ``run_dir`` per codec), evaluate
 the final checkpoint on the same prompts (`deepspec.eval.runner.run`), and report τ, the
 τ ratio to the first (lossless) codec, bytes/token vs DeepSpec's raw layout
-``6 + 2·H·(L+1)`` and the codec's reconstruction error.  Writes ``gate.json`` and
+``6 + 2·H·(L+1)`` and the codec's reconstruction error.
+
+Eval τ on a few prompts is noisy (a handful of rounds decide it).  With
+``train.heldout_fraction > 0`` the gate also scores every codec's drafter teacher-forced on
+the same held-out sequences (never trained on) read from the FIRST codec's cache — the
+lossless features a serving engine would feed it — as ``heldout``: expected τ and
+per-position acceptance over thousands of positions, paired across codecs.  Writes ``gate.json`` and
 ``gate.md`` into the output directory.
 
     deepspec cache gate [OVERRIDES…] --regen PATH [--codecs bf16,fp8,lowrank] [--out DIR] [--tolerance 0.02]
@@ -118,11 +124,15 @@ def run(cfg, codecs: Sequence[str] = ("bf16", "fp8", "lowrank"), regen_path: Uni
         row["eval_s"] = time.perf_counter() - t0
         row["tau"] = _tau(summary)
         row["eval"] = {"overall": summary.get("overall"), "out_dir": c.eval.out_dir}
+        row["cache_dir"] = str(cache_dir)
+        row["heldout"] = _heldout_on(rows[0]["cache_dir"] if rows else cache_dir, c, ckpt, target)
         rows.append(row)
         log.info("gate %s: %.1f B/token (%.3f× raw), τ=%.3f", label, row["bytes_per_token"],
                  row["fraction_of_raw"], row["tau"])
     base = rows[0]
     for row in rows:
+        ho, bho = row.get("heldout"), base.get("heldout")
+        row["heldout_tau_ratio"] = (ho["expected_tau"] / bho["expected_tau"]) if ho and bho else None
         bt = base["tau"]
         row["tau_ratio"] = row["tau"] / bt if bt and not math.isnan(bt) else float("nan")
         row["within_tolerance"] = bool(abs(row["tau_ratio"] - 1.0) <= tolerance) if not math.isnan(row["tau_ratio"]) else False
@@ -134,6 +144,34 @@ def run(cfg, codecs: Sequence[str] = ("bf16", "fp8", "lowrank"), regen_path: Uni
     (out / "gate.json").write_text(json.dumps(report, indent=1, default=str, allow_nan=True) + "\n")
     (out / "gate.md").write_text(format_markdown(report))
     return report
+
+
+def _heldout_on(cache_dir, cfg, ckpt, target=None) -> Optional[Dict[str, Any]]:
+    """Teacher-forced metrics of ``ckpt`` on the held-out split of ``cache_dir`` (one batch)."""
+    import torch
+    from ..drafts.registry import load_drafter
+    from ..targets import load_target
+    from ..train.data import CachedSequences, build_micro_batch, split_heldout
+    from .reader import CacheReader
+
+    tc = cfg.train
+    if not tc.heldout_fraction or tc.heldout_fraction <= 0:
+        return None
+    reader = CacheReader(cache_dir)
+    source = CachedSequences(reader, tc.max_length)
+    _, held = split_heldout(len(source), tc.heldout_fraction, cfg.data.split_seed)
+    if not held:
+        return None
+    target = target if target is not None else load_target(cfg.target)
+    drafter = load_drafter(ckpt, target)
+    drafter.eval()
+    span = int(getattr(drafter, "anchor_span", None) or drafter.cfg.gamma)
+    batch = build_micro_batch(source, [(-1, i) for i in held], span, tc.anchors_per_sequence, cfg.seed)
+    with torch.no_grad():
+        m = drafter(batch)["metrics"]
+    g = drafter.cfg.gamma
+    return {"sequences": len(held), "positions": m.get("positions"), "expected_tau": m["expected_tau"],
+            "tv": m.get("tv"), "accept_rate": [m.get(f"accept_rate/{k}") for k in range(1, g + 1)]}
 
 
 def _last_metrics(run_dir: Path) -> Optional[Dict[str, Any]]:
@@ -152,6 +190,10 @@ def _last_metrics(run_dir: Path) -> Optional[Dict[str, Any]]:
     return None
 
 
+def _fmt(x, spec=".3f") -> str:
+    return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
 def format_markdown(rep: Dict[str, Any]) -> str:
     rows = rep["codecs"]
     lines = [f"# Cache-size gate ({rep['target']}, {rep['draft']}, seed {rep['seed']}, "
@@ -161,16 +203,18 @@ def format_markdown(rep: Dict[str, Any]) -> str:
              f"(max {rep['eval_max_samples']} prompts each, {rep['eval_max_new_tokens']} new tokens, "
              f"T={rep['eval_temperature']}).", "",
              "| codec | B/token | × DeepSpec raw | features B/tok | last_hidden B/tok | worst layer rel. MSE | "
-             "τ | τ / baseline | within tol. |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|:---:|"]
+             "τ | τ / baseline | within tol. | held-out E[τ] | E[τ] / baseline |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|:---:|---:|---:|"]
     for r in rows:
         err = r.get("error") or {}
         worst = max((e.get("rel_mse", 0.0) for e in err.get("features", [])), default=0.0)
         lines.append(f"| `{r['codec']}` | {r['bytes_per_token']:.1f} | {r['fraction_of_raw']:.3f} | "
                      f"{r['features_bytes_per_token']:.1f} | {r['last_hidden_bytes_per_token']:.1f} | "
                      f"{worst:.2e} | {r['tau']:.3f} | {r['tau_ratio']:.3f} | "
-                     f"{'yes' if r['within_tolerance'] else 'no'} |")
+                     f"{'yes' if r['within_tolerance'] else 'no'} | "
+                     f"{_fmt((r.get('heldout') or {}).get('expected_tau'))} | {_fmt(r.get('heldout_tau_ratio'))} |")
     raw = rows[0]["raw_bytes_per_token"]
     lines += ["", f"DeepSpec raw layout: {raw} B/token (6 + 2·H·(L+1)).  τ is the eval's macro mean "
-                  "acceptance length (tokens per target forward)."]
+                  "acceptance length (tokens per target forward).  Held-out E[τ]: teacher-forced expected "
+                  "acceptance length on held-out sequences with the lossless features, paired across codecs."]
     return "\n".join(lines) + "\n"
