@@ -145,16 +145,22 @@ def write_rollouts(path: str | os.PathLike, records: Iterable[RolloutRecord]) ->
     return path
 
 
-def iter_rollouts(path: str | os.PathLike) -> Iterator[RolloutRecord]:
+def iter_rollout_lines(path: str | os.PathLike) -> Iterator[Tuple[int, RolloutRecord]]:
+    """(1-based line number, record) for each non-blank line; bad lines raise naming path:line."""
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             line = line.strip()
             if not line:
                 continue
             try:
-                yield RolloutRecord.from_json(json.loads(line))
+                yield lineno, RolloutRecord.from_json(json.loads(line))
             except (ValueError, KeyError, TypeError) as e:
                 raise ValueError(f"{path}:{lineno}: bad rollout record: {e}") from e
+
+
+def iter_rollouts(path: str | os.PathLike) -> Iterator[RolloutRecord]:
+    for _, rec in iter_rollout_lines(path):
+        yield rec
 
 
 def read_rollouts(path: str | os.PathLike) -> List[RolloutRecord]:

@@ -16,6 +16,11 @@ position; the replay instead moves on to the next logged round, i.e. it treats a
 rounds as samples of its per-round behaviour.  Rounds logged with a truncated draft
 (``verified < γ`` and fully accepted) are censored and would undercount; use fixed-length logs.
 
+``on_step`` (optional) is called once per step with a `SimStep` (the slots' traces and round
+positions, ℓ_r, logged and kept counts, B) after the policy chose and before the replay
+advances; bench/verify_batched.py uses it to run the real target forward of the same replay.
+It does not change the result.
+
 Reported per run: system tokens/s, per-user tokens/s (= system / R: all slots stay busy),
 tokens per request-step, mean B, verified draft tokens and verified-but-rejected ones.
 """
@@ -23,7 +28,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict, dataclass, field
-from typing import Dict, List, Optional, Sequence, Union
+from typing import Callable, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 
@@ -63,6 +68,18 @@ class SimResult:
 
     def to_json(self) -> Dict:
         return asdict(self)
+
+
+@dataclass
+class SimStep:
+    """What one simulated step replays (passed to ``simulate(on_step=...)``)."""
+    index: int                      # 0-based step
+    traces: List[RequestTrace]      # the trace each slot replays
+    positions: List[int]            # row of that trace (round in logged order)
+    lengths: np.ndarray             # [R] ℓ_r chosen by the policy
+    accepted: np.ndarray            # [R] logged accepted counts
+    kept: np.ndarray                # [R] min(accepted, ℓ_r): drafts this step keeps
+    batch_tokens: int               # B = Σ (1 + ℓ_r)
 
 
 class _Replay:
@@ -106,11 +123,13 @@ class _Replay:
 
 
 def simulate(traces: Sequence[RequestTrace], policy: ConfidencePolicy, sps_table: SPSTable,
-             concurrency: int, steps: int = 200, draft_time_s: float = 0.0, seed: int = 0) -> SimResult:
+             concurrency: int, steps: int = 200, draft_time_s: float = 0.0, seed: int = 0,
+             on_step: Optional[Callable[[SimStep], None]] = None) -> SimResult:
     """Simulate ``steps`` verification steps at concurrency R under one policy.
 
     The same ``seed`` replays the same rounds in the same slots for every policy, so
-    policies are compared on identical inputs.
+    policies are compared on identical inputs.  ``on_step`` observes each step (see
+    `SimStep`); its return value and run time are ignored.
     """
     if concurrency < 1:
         raise ValueError("concurrency must be ≥ 1")
@@ -119,7 +138,7 @@ def simulate(traces: Sequence[RequestTrace], policy: ConfidencePolicy, sps_table
                     steps=0, time_s=0.0, tokens=0, accepted_drafts=0, verified_drafts=0,
                     rejected_drafts=0, request_steps=0, batch_tokens_total=0)
     censored = 0
-    for _ in range(steps):
+    for i in range(steps):
         conf, acc, ver = rep.current()
         ell = np.asarray(policy.lengths(conf), dtype=np.int64)
         if ell.shape != (concurrency,) or ell.min() < 0 or ell.max() > rep.gamma:
@@ -135,6 +154,8 @@ def simulate(traces: Sequence[RequestTrace], policy: ConfidencePolicy, sps_table
         res.rejected_drafts += int((ell - kept).sum())
         res.request_steps += concurrency
         res.batch_tokens_total += B
+        if on_step is not None:
+            on_step(SimStep(i, [rep.traces[r] for r in rep.slot_req], list(rep.slot_pos), ell, acc, kept, B))
         rep.advance()
     if censored:
         log.warning("simulator: %d request-steps used censored rounds (logged with verified < γ)", censored)

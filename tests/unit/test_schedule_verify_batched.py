@@ -1,0 +1,103 @@
+"""bench/verify_batched.py: the real-forward replay is the simulator's replay (no timing asserts)."""
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from deepspec.schedule.prefix_scheduler import FixedLengthPolicy, PrefixSchedulerPolicy, ThresholdPolicy
+from deepspec.schedule.profile import synthetic_gpu_table
+from deepspec.schedule.rollouts import synthetic_rollouts, write_rollouts
+from deepspec.schedule.simulator import simulate
+from conftest import make_tiny_target
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def vb():
+    spec = importlib.util.spec_from_file_location("verify_batched", REPO / "bench" / "verify_batched.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["verify_batched"] = mod   # dataclasses resolve the module by name
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def rollouts_file(tmp_path, gamma=4, with_tokens=True):
+    recs = synthetic_rollouts(n_requests=5, rounds_per_request=4, gamma=gamma, seed=3)
+    rng = np.random.default_rng(0)
+    for i, r in enumerate(recs):
+        if with_tokens and i % 2 == 0:  # half the rounds log their draft ids
+            r.draft_tokens = rng.integers(0, 400, gamma).tolist()
+    return write_rollouts(tmp_path / "rollouts.jsonl", recs)
+
+
+@pytest.mark.parametrize("R", [1, 3])
+def test_real_replay_matches_simulator(vb, tmp_path, one_thread, R):
+    traces, info = vb.load_traces(rollouts_file(tmp_path))
+    assert info["gamma"] == 4 and info["rounds"] == 20 and info["rounds_with_draft_tokens"] == 10
+    target = make_tiny_target("llama")
+    table = synthetic_gpu_table(knee_tokens=4)  # small knee: the scheduler trims, lengths vary
+    cache, base = vb.prefill(target, R, 8)
+    assert base == 8
+    for policy in (FixedLengthPolicy(), ThresholdPolicy(0.5), PrefixSchedulerPolicy(table)):
+        sim, ver = vb.measure(target, traces, policy, table, R, steps=4, cache=cache, base=base, seed=7)
+        seen = []
+        pure = simulate(traces, policy, table, R, steps=4, seed=7, on_step=lambda s: seen.append(s.lengths.tolist()))
+        assert ver.lengths == seen                                    # identical per-step ℓ_r
+        assert ver.tokens == sim.tokens == pure.tokens                # identical token count
+        assert sim.to_json() == pure.to_json() == simulate(traces, policy, table, R, steps=4, seed=7).to_json()
+        assert ver.shapes == [[R, 1 + max(ell)] for ell in seen]      # padded to the longest request
+        assert ver.padded_tokens_total >= sim.batch_tokens_total
+        assert len(ver.times) == 4 and target.cache_length(cache) == base   # rolled back after each step
+        row = vb.row(sim, ver, 0.0)
+        assert row["tokens"] == sim.tokens and row["measured_tps"] > 0
+
+
+def test_logged_draft_ids_used(vb, tmp_path):
+    traces, _ = vb.load_traces(rollouts_file(tmp_path))
+    target = make_tiny_target("llama")
+    ver = vb.RealVerifier(target, None, 0, synthetic_gpu_table())
+    seen = []
+    simulate(traces, FixedLengthPolicy(), synthetic_gpu_table(), 3, steps=3,
+             on_step=lambda s: seen.append((s, ver.step_ids(s))))
+    for step, ids in seen:
+        for r, (tr, pos) in enumerate(zip(step.traces, step.positions)):
+            if tr.draft_tokens[pos] is not None:
+                assert ids[r, 1:5].tolist() == tr.draft_tokens[pos]
+
+
+def test_bad_rollouts_name_file_and_line(vb, tmp_path):
+    p = rollouts_file(tmp_path, with_tokens=False)
+    lines = p.read_text().splitlines()
+    bad = json.loads(lines[5])
+    bad["confidence"] = bad["confidence"][:3]
+    (tmp_path / "mixed.jsonl").write_text("\n".join(lines[:5] + [json.dumps(bad)] + lines[6:]) + "\n")
+    with pytest.raises(ValueError, match=r"mixed.jsonl:6: γ=3 but line 1 has γ=4"):
+        vb.load_traces(tmp_path / "mixed.jsonl")
+    (tmp_path / "dup.jsonl").write_text("\n".join(lines + [lines[2]]) + "\n")
+    with pytest.raises(ValueError, match=r"dup.jsonl:21: .* repeats line 3"):
+        vb.load_traces(tmp_path / "dup.jsonl")
+    (tmp_path / "junk.jsonl").write_text(lines[0] + "\n{not json\n")
+    with pytest.raises(ValueError, match=r"junk.jsonl:2: bad rollout record"):
+        vb.load_traces(tmp_path / "junk.jsonl")
+    big = json.loads(lines[0])
+    big["draft_tokens"] = [1, 2, 3, 10 ** 6]
+    (tmp_path / "vocab.jsonl").write_text(json.dumps(big) + "\n")
+    traces, _ = vb.load_traces(tmp_path / "vocab.jsonl")
+    with pytest.raises(ValueError, match=r"vocab.jsonl:1: draft token ids"):
+        vb.check_vocab(traces, 512, tmp_path / "vocab.jsonl")
+
+
+def test_cli_end_to_end(vb, tmp_path, one_thread):
+    out = tmp_path / "vb.json"
+    assert vb.main(["--target", "tiny:llama", "--rollouts", str(rollouts_file(tmp_path)), "--steps", "2",
+                    "--concurrency", "1", "2", "--threads", "1", "--context-len", "8", "--profile-sizes", "1", "5",
+                    "--repeats", "1", "--warmup", "1", "--out", str(out)]) == 0
+    d = json.loads(out.read_text())
+    assert [(r["R"], r["policy"]) for r in d["results"]] == [(R, p) for R in (1, 2)
+                                                             for p in ("fixed", "threshold0.5", "scheduler")]
+    assert (tmp_path / "vb_sps.json").exists() and d["sps_table"]["meta"]["mode"] == "requests"
+    assert "from the rollout log" in d["note"] and out.with_suffix(".md").exists()
