@@ -80,26 +80,13 @@ def raw_bytes_per_token(hidden_size: int, num_layers: int) -> int:
 
 
 # -- durable small files --------------------------------------------------------------------------
-from ..utils.fs import fsync_dir  # noqa: E402  (re-exported for cache modules)
+from ..utils.fs import atomic_write, fsync_dir  # noqa: E402  (fsync_dir re-exported for cache modules)
 
 
 def atomic_write_bytes(path: Path, data: bytes, tag: str = "") -> None:
     """temp file + fsync + os.replace (+ directory fsync): never a half-written file."""
     path = Path(path)
-    tmp = path.parent / f"{TMP_PREFIX}{tag}{os.getpid()}-{path.name}"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as e:
-        tmp.unlink(missing_ok=True)
-        if isinstance(e, OSError):
-            from ..utils.fs import with_path
-            raise with_path(e, path, "writing") from e
-        raise
-    fsync_dir(path.parent)
+    atomic_write(path, data, tmp=path.parent / f"{TMP_PREFIX}{tag}{os.getpid()}-{path.name}", sync_dir=True)
 
 
 def atomic_write_json(path: Path, obj: Any, tag: str = "") -> None:

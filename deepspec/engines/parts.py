@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-from ..utils.fs import with_path
+from ..utils.fs import atomic_write, with_path
 from ..utils.signals import deferred
 
 log = logging.getLogger(__name__)
@@ -143,16 +143,6 @@ def read_json(path: Path) -> Optional[Dict[str, Any]]:
 
 
 def write_json_atomic(path: Path, obj: Dict[str, Any]) -> None:
+    """temp file + fsync + os.replace (no directory fsync)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
-    try:
-        with open(tmp, "w") as f:
-            json.dump(obj, f, indent=1, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as e:
-        tmp.unlink(missing_ok=True)
-        if isinstance(e, OSError):
-            raise with_path(e, path, "writing") from e
-        raise
+    atomic_write(path, json.dumps(obj, indent=1, sort_keys=True))

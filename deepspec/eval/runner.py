@@ -19,10 +19,8 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import zlib
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
@@ -32,6 +30,7 @@ from .metrics import (acceptance_metrics, cumulative_confidence_points, macro_av
                       speed_metrics, threshold_sweep)
 from .sampling import Warp, make_warp
 from .speculative import GenerationResult, RoundStats, speculative_generate, target_generate
+from ..utils.fs import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -283,12 +282,6 @@ def _clean(x):
     return x
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def _config_dict(cfg) -> Dict[str, Any]:
     from omegaconf import OmegaConf
     node = cfg if not hasattr(cfg, "__dataclass_fields__") else OmegaConf.structured(cfg)
@@ -336,7 +329,9 @@ def run(cfg) -> Dict[str, Any]:
     plots = make_plots(out, summary)
     summary["plots"] = plots
     results = {**summary, "target": target.describe(), "drafter": dinfo, "config": _config_dict(cfg)}
-    _atomic_write(out / "results.json", json.dumps(_clean(results), indent=2, ensure_ascii=False))
+    res = out / "results.json"   # atomic, not fsynced
+    atomic_write(res, json.dumps(_clean(results), indent=2, ensure_ascii=False),
+                 tmp=res.with_suffix(res.suffix + ".tmp"), fsync=False)
     write_report(out, summary, plots)
     ov = summary["overall"]
     log.info("eval done: macro τ=%.3f, speedup=%.2fx → %s", ov.get("tau", float("nan")),

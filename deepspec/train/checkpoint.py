@@ -31,7 +31,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
-from ..utils.fs import fsync_dir
+from ..utils.fs import atomic_write, fsync_dir
 
 log = logging.getLogger(__name__)
 
@@ -229,12 +229,9 @@ def save_checkpoint(root: Path, step: int, *, save_draft: Callable[[Path], None]
         shutil.rmtree(old)
     else:
         os.rename(tmp, final)
-    latest_tmp = root / "latest.tmp"
-    try:
-        latest_tmp.write_text(final.name + "\n")
-        os.replace(latest_tmp, root / "latest")
+    try:   # atomic, not fsynced (the directory fsync below covers the rename)
+        atomic_write(root / "latest", final.name + "\n", tmp=root / "latest.tmp", fsync=False)
     except OSError as e:   # informational only: resume scans for complete step_N directories
-        latest_tmp.unlink(missing_ok=True)
         log.warning("could not update %s (%s); checkpoint %s itself is complete", root / "latest", e, final)
     fsync_dir(root)
     if keep_last and keep_last > 0:

@@ -1,8 +1,10 @@
-"""File-system helpers: errors that name the file (disk full, permission denied), directory fsync."""
+"""File-system helpers: errors that name the file (disk full, permission denied), directory fsync,
+atomic file replacement."""
 from __future__ import annotations
 
 import os
-from typing import Union
+from pathlib import Path
+from typing import Optional, Union
 
 
 def with_path(e: OSError, path: Union[str, os.PathLike], doing: str) -> OSError:
@@ -29,3 +31,30 @@ def fsync_dir(path: Union[str, os.PathLike]) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def atomic_write(path: Union[str, os.PathLike], data: Union[bytes, str], *,
+                 tmp: Optional[Union[str, os.PathLike]] = None, fsync: bool = True,
+                 sync_dir: bool = False) -> None:
+    """Replace ``path`` with ``data`` atomically: readers see the old file or the new one, never half.
+
+    ``data`` goes to ``tmp`` (default ``.{name}.tmp.{pid}`` beside ``path``; ``str`` is written in
+    text mode, ``bytes`` as is), is fsynced when ``fsync``, then ``os.replace``d onto ``path``;
+    ``sync_dir`` also fsyncs the directory so the rename itself survives a crash.  On any failure
+    the temp file is removed and an `OSError` names ``path`` (see `with_path`)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}") if tmp is None else Path(tmp)
+    try:
+        with open(tmp, "w" if isinstance(data, str) else "wb") as f:
+            f.write(data)
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as e:
+        tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            raise with_path(e, path, "writing") from e
+        raise
+    if sync_dir:
+        fsync_dir(path.parent)

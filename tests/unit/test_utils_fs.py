@@ -1,0 +1,33 @@
+"""deepspec.utils.fs.atomic_write: the one temp-file + os.replace writer the stages share."""
+from __future__ import annotations
+
+import errno
+import os
+
+import pytest
+
+from deepspec.utils import fs
+
+
+def test_atomic_write_bytes_and_text(tmp_path):
+    p = tmp_path / "a.json"
+    fs.atomic_write(p, b"\x00\x01", sync_dir=True)
+    assert p.read_bytes() == b"\x00\x01"
+    fs.atomic_write(p, "héllo\n", fsync=False, tmp=tmp_path / "a.json.tmp")
+    assert p.read_text() == "héllo\n"
+    assert sorted(os.listdir(tmp_path)) == ["a.json"]     # no temp file left
+
+
+@pytest.mark.parametrize("fsync", [True, False])
+def test_atomic_write_failure_keeps_old_file_and_names_it(tmp_path, monkeypatch, fsync):
+    p = tmp_path / "b.json"
+    p.write_text("old")
+
+    def replace(src, dst):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "replace", replace)
+    with pytest.raises(OSError) as ei:
+        fs.atomic_write(p, "new", fsync=fsync)
+    assert ei.value.errno == errno.ENOSPC and str(p) in str(ei.value)
+    assert p.read_text() == "old" and sorted(os.listdir(tmp_path)) == ["b.json"]
