@@ -460,7 +460,7 @@ def state_from_bytes(data: bytes, what: str) -> Dict[str, np.ndarray]:
 
 def _calibration_sample(cfg, target, src: Path, calib_tokens: int) -> Tuple[torch.Tensor, torch.Tensor]:
     """Features / last_hidden of the first records (in input order) until ``calib_tokens`` tokens."""
-    from .build import _batches, _capture, _pad_id, _tokenize
+    from .samples import _batches, _capture, _pad_id, _tokenize
     max_len = int(cfg.data.max_length)
     feats, lasts, got = [], [], 0
     records: List[Tuple[int, bytes]] = []

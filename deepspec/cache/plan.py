@@ -29,7 +29,8 @@ import numpy as np
 import torch
 
 from .. import paths
-from .build import _batches, _capture, _encode_row, _pad_id, encode_threads
+from .build import encode_threads
+from .samples import _batches, _capture, _encode_row, _pad_id
 from .codecs import codec_from_config
 from .format import raw_bytes_per_token
 
