@@ -75,6 +75,17 @@ def render(result_path: Path | None = None, out: Path | None = None) -> Path:
                 L.append(f"- DSpark (Markov) / {other}: τ ratio **{_f(ds / evals[other]['overall']['tau'])}** "
                          f"(paper, Qwen3: {'1.16–1.18' if other == 'dflash' else '1.27–1.31'})")
         L.append("")
+    held = {d: next((r for r in reversed(_metrics(work, d)) if "eval/expected_tau" in r), None) for d in drafters}
+    if any(held.values()):
+        L += ["### Teacher-forced on held-out regenerated sequences (end of training)", "",
+              "Acceptance probability 1 − TV(q_k, p_k) per position given the true prefix, and the expected τ it "
+              "implies, averaged over every held-out position (many more than the eval's rounds).", "",
+              "| drafter | held-out E[τ] | " + " | ".join(f"k={k}" for k in range(1, 8)) + " |", "|---|---|" + "---|" * 7]
+        for d in drafters:
+            h = held[d] or {}
+            L.append(f"| {d} | {_f(h.get('eval/expected_tau'))} | "
+                     + " | ".join(_f(h.get(f"eval/accept_rate/{k}"), ".3f") for k in range(1, 8)) + " |")
+        L.append("")
     L += ["### Conditional acceptance by position (overall macro; P(k accepted | 1..k−1 accepted))", "",
           "| drafter | " + " | ".join(f"k={k}" for k in range(1, 8)) + " |", "|---|" + "---|" * 7]
     for d in drafters:
