@@ -218,8 +218,8 @@ def _build_cache(cfg, regen_path, target, *, rank, world_size, wait, progress, p
     if (out / MANIFEST).is_file():
         log.info("cache %s is already complete", out)
         return out
-    if codec.needs_calibration:  # lossy codecs: fit (or reload) codec_state.arrow (lossy.py)
-        from .lossy import prepare_codec_state
+    if codec.needs_calibration:  # lossy codecs: fit (or reload) codec_state.arrow (codec_state.py)
+        from .codec_state import prepare_codec_state
         info.update(prepare_codec_state(cfg, target, codec, src, out, old, rank))
     if old is None or (codec.needs_calibration and "codec_state" not in old):
         atomic_write_json(out / BUILD_INFO, info, tag=f"r{rank}-")

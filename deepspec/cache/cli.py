@@ -74,7 +74,7 @@ def _cmd_info(args) -> int:
     if isinstance(cols, dict) and st["tokens"]:
         lines.append(f"bytes/token      features {int(cols.get('features', 0)) / st['tokens']:,.1f}, "
                      f"last_hidden {int(cols.get('last_hidden', 0)) / st['tokens']:,.1f} (+ ids, mask, framing)")
-    from .lossy import format_error_report  # lossy codecs: error measured at build time
+    from .codec_state import format_error_report  # lossy codecs: error measured at build time
     lines += format_error_report(m)
     print("\n".join(lines))
     shown = dict(m)
