@@ -6,7 +6,8 @@
 Modules: `anchors` (valid anchor positions, seeded sampling), `data` (cache / online sources,
 world-size independent batch plan, collate), `optim` (AdamW, warmup + cosine), `strategies`
 (single / DDP / FSDP2 / DeepSpeed ZeRO-1/2), `checkpoint` (atomic, pickle-free), `logging`
-(tqdm, metrics.jsonl, TensorBoard, wandb), `loop` (the loop itself).
+(tqdm, metrics.jsonl, TensorBoard, wandb), `accumulate` (per-step statistics reduced across ranks),
+`stopping` (SIGTERM / Ctrl-C, non-finite loss), `loop` (the loop itself).
 """
 
 

@@ -1,5 +1,8 @@
 """Where training metrics go (rank 0 only): a tqdm bar, `metrics.jsonl`, TensorBoard and wandb.
 
+`progress_postfix` is what the bar shows of a step's record; `config_as_dict` is the config
+handed to wandb.
+
 TensorBoard and wandb are optional sinks: if one cannot start (not installed, no login in
 online mode, …) a warning is logged and training goes on.  wandb honours ``WANDB_MODE``
 (``offline`` needs no login); the run id is kept in ``{run_dir}/wandb_run_id`` so a resumed
@@ -7,6 +10,7 @@ run appends to the same wandb run.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -16,6 +20,23 @@ from pathlib import Path
 from typing import Any, Dict, Optional
 
 log = logging.getLogger("deepspec.train")
+
+
+def progress_postfix(r: Dict) -> Dict[str, str]:
+    """The progress bar's postfix for one step's ``record`` (loss, lr, tok/s, τ if known)."""
+    tau = r.get("train/expected_tau")
+    out = {"loss": f"{r['train/loss']:.4f}", "lr": f"{r['lr']:.2e}", "tok/s": f"{r['tokens_per_s']:.0f}"}
+    if tau is not None:
+        out["τ"] = f"{tau:.3f}"
+    return out
+
+
+def config_as_dict(cfg) -> Dict:
+    """The config as a plain dict (``{}`` when it is not a dataclass)."""
+    try:
+        return dataclasses.asdict(cfg)
+    except TypeError:
+        return {}
 
 
 def _jsonable(v):

@@ -12,15 +12,16 @@ cache or computed online by the frozen target.  Reading order:
 
 The trainer never looks at the algorithm: it calls `build_drafter`, `drafter(batch)` and
 `save_pretrained`, and logs whatever metrics the drafter returns.
+
+Around the loop: `stopping` (signals, non-finite loss), `accumulate` (per-step statistics
+reduced across ranks), `logging` (where the metrics go); their names stay importable from here.
 """
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import math
 import signal
-import threading
 import time
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -30,34 +31,20 @@ import torch
 from deepspec import paths
 from deepspec.config import to_object, to_yaml
 from deepspec.config.schema import DeepSpecConfig
-from deepspec.utils.signals import GracefulStop
 
 from . import checkpoint as ckpt
+from .accumulate import _Accumulator, metric_keys, reduce_stats
 from .data import (CachedSequences, GlobalBatchPlan, MicroBatches, OnlineFeatures, OnlineSequences,
                    build_micro_batch, check_batch_sizes, heldout_micro_batches, split_heldout)
-from .logging import MetricsLogger
+from .logging import MetricsLogger, config_as_dict, progress_postfix
 from .optim import lr_at
+from .stopping import (NonFiniteLossError, SignalGuard, TrainingInterrupted, _ignore_sigint,
+                       nonfinite_loss_message)
 from .strategies import (DistEnv, FSDPStrategy, all_gather_object, all_reduce_, barrier, broadcast_object,
                          build_strategy, init_distributed, shutdown)
 
 log = logging.getLogger("deepspec.train")
-
-
-class NonFiniteLossError(RuntimeError):
-    """The loss (or one of its terms) became NaN/inf; the run stopped without saving that step."""
-
-
-class TrainingInterrupted(GracefulStop):
-    """SIGTERM / Ctrl-C: the run stopped after saving a complete checkpoint.
-
-    A `KeyboardInterrupt` (like the other stages' `GracefulStop`): the CLI prints one line and
-    exits with 143 (SIGTERM) / 130 (Ctrl-C)."""
-
-    def __init__(self, step: int, checkpoint: Optional[Path], signum: int):
-        super().__init__(signum)
-        self.step, self.checkpoint = step, checkpoint
-        self.args = (f"training stopped by {signal.Signals(self.signum).name} after step {step}; "
-                     f"checkpoint {checkpoint} is complete",)
+_as_dict = config_as_dict   # its old name here
 
 
 def run(cfg: DeepSpecConfig) -> Path:
@@ -125,7 +112,7 @@ class Trainer:
         self._metric_keys: Optional[List[str]] = None
         self.use_bf16 = tc.bf16 and (env.device.type == "cpu" or torch.cuda.is_bf16_supported())
         self.logger = MetricsLogger(self.run_dir, tc, enabled=env.is_main, total_steps=self.total_steps,
-                                    start_step=self.step, config_dict=_as_dict(cfg))
+                                    start_step=self.step, config_dict=config_as_dict(cfg))
         if env.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "run.yaml").write_text(to_yaml(cfg))
@@ -266,7 +253,7 @@ class Trainer:
                 record["param_sync_diff"] = self._sync_diff()
             if step % max(tc.log_every, 1) == 0 or step == self.total_steps:
                 self.logger.log(step, record)
-            self.logger.progress(step, _postfix(record))
+            self.logger.progress(step, progress_postfix(record))
             if self.heldout_idx and tc.eval_every and (step % tc.eval_every == 0 or step == self.total_steps):
                 ev = self.evaluate()
                 self.logger.log(step, ev)
@@ -283,41 +270,16 @@ class Trainer:
         self.logger.write(f"done: {self.step} steps; final checkpoint {last_saved}")
         return last_saved
 
-    def _reduce(self, acc: "_Accumulator", stop: Optional[int]) -> Dict:
+    def _reduce(self, acc: _Accumulator, stop: Optional[int]) -> Dict:
         """Means over every micro-batch of every rank (one all-reduce)."""
         if self._metric_keys is None:   # the same key order on every rank
-            keys = set()
-            for ks in all_gather_object(sorted(acc.metrics), self.env):
-                keys.update(ks)
-            self._metric_keys = sorted(keys)
-        keys = self._metric_keys
-        vec = torch.zeros(4 + 2 * len(keys), dtype=torch.float64)
-        vec[0], vec[1], vec[2], vec[3] = acc.loss_sum(), acc.n, acc.token_sum(), float(bool(stop))
-        for i, k in enumerate(keys):
-            s, c = acc.metrics.get(k, (0.0, 0))
-            vec[4 + 2 * i], vec[5 + 2 * i] = s, c
-        dev = self.env.device if self.env.backend == "nccl" else torch.device("cpu")
-        vec = all_reduce_(vec.to(dev), self.env).cpu()
-        n = max(vec[1].item(), 1.0)
-        metrics = {k: (vec[4 + 2 * i].item() / vec[5 + 2 * i].item() if vec[5 + 2 * i] > 0 else math.nan)
-                   for i, k in enumerate(keys)}
-        metrics.pop("loss", None)
-        return {"loss": vec[0].item() / n, "tokens": int(vec[2].item()), "stop": vec[3].item() > 0,
-                "metrics": metrics, "nonfinite": set(acc.bad)}
+            self._metric_keys = metric_keys(acc, self.env)
+        return reduce_stats(acc, self._metric_keys, self.env, stop)
 
     def _check_finite(self, step: int, stats: Dict, last_saved: Optional[Path]) -> None:
-        loss = stats["loss"]
-        if math.isfinite(loss):
+        if math.isfinite(stats["loss"]):
             return
-        diagnostics = {"loss", "expected_tau", "blocks", "positions"}   # contract-level metrics, not terms
-        terms = [k for k in sorted(stats["metrics"]) if "/" not in k and k not in diagnostics
-                 and not math.isfinite(stats["metrics"][k])]
-        terms = terms or sorted(stats["nonfinite"]) or ["loss"]
-        values = ", ".join(f"{t}={stats['metrics'].get(t, loss)}" for t in terms)
-        msg = (f"non-finite loss at step {step} in loss term(s) {', '.join(repr(t) for t in terms)} "
-               f"({values}; loss={loss}). "
-               f"Stopping without saving this step; last complete checkpoint: {last_saved or 'none'}. "
-               "Try a lower train.lr, train.grad_clip, or train.bf16=false.")
+        msg = nonfinite_loss_message(step, stats, last_saved)
         self.logger.write(msg)
         raise NonFiniteLossError(msg)
 
@@ -397,92 +359,3 @@ class Trainer:
     def close(self) -> None:
         self.signals.uninstall()
         self.logger.close()
-
-
-# ---------------------------------------------------------------------------------------------
-class _Accumulator:
-    """Per-rank sums over micro-batches: loss, tokens, and each metric (NaN-aware)."""
-
-    def __init__(self):
-        self.n = 0
-        self._loss: List[torch.Tensor] = []
-        self._tokens: List[torch.Tensor] = []
-        self.metrics: Dict[str, tuple] = {}
-        self.bad: Dict[str, int] = {}
-
-    def add(self, out, tokens) -> None:
-        self.n += 1
-        self._loss.append(out["loss"].detach().float())
-        self._tokens.append(torch.as_tensor(tokens))
-        for k, v in (out.get("metrics") or {}).items():
-            v = float(v)
-            s, c = self.metrics.get(k, (0.0, 0))
-            if math.isfinite(v):
-                self.metrics[k] = (s + v, c + 1)
-            else:
-                self.metrics.setdefault(k, (s, c))
-                if "/" not in k:
-                    self.bad[k] = self.bad.get(k, 0) + 1
-
-    def loss_sum(self) -> float:
-        return float(torch.stack(self._loss).sum()) if self._loss else 0.0
-
-    def token_sum(self) -> float:
-        return float(torch.stack([t.cpu() for t in self._tokens]).sum()) if self._tokens else 0.0
-
-
-def _ignore_sigint(_worker_id: int) -> None:
-    """Data workers leave Ctrl-C to the main process, which stops cleanly after the step."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-def _postfix(r: Dict) -> Dict[str, str]:
-    tau = r.get("train/expected_tau")
-    out = {"loss": f"{r['train/loss']:.4f}", "lr": f"{r['lr']:.2e}", "tok/s": f"{r['tokens_per_s']:.0f}"}
-    if tau is not None:
-        out["τ"] = f"{tau:.3f}"
-    return out
-
-
-def _as_dict(cfg) -> Dict:
-    try:
-        return dataclasses.asdict(cfg)
-    except TypeError:
-        return {}
-
-
-class SignalGuard:
-    """SIGTERM / SIGINT request a clean stop at the end of the current step.  While a checkpoint
-    is being written, signals are only recorded (the write finishes); a second Ctrl-C outside a
-    write aborts at once (an interrupted write leaves only a `.tmp` dir, removed on restart)."""
-
-    def __init__(self):
-        self.requested: Optional[int] = None
-        self._saving = False
-        self._previous = {}
-
-    def install(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            return
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            self._previous[sig] = signal.signal(sig, self._handle)
-
-    def uninstall(self) -> None:
-        for sig, h in self._previous.items():
-            signal.signal(sig, h)
-        self._previous.clear()
-
-    def _handle(self, signum, frame) -> None:
-        if self.requested is not None and not self._saving and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        if self.requested is None:
-            log.warning("signal %d: stopping after this step (a checkpoint will be saved)", signum)
-        self.requested = signum
-
-    @contextlib.contextmanager
-    def deferred(self):
-        self._saving = True
-        try:
-            yield
-        finally:
-            self._saving = False

@@ -10,7 +10,7 @@ being written is deleted, open files are closed, and the error names what was ke
 shard): SIGTERM / Ctrl-C arriving inside it are held until it is complete, so a unit of
 work is either fully committed or rolled back, never half-written.
 
-Training has its own `deepspec.train.loop.SignalGuard` (it stops after the current step and
+Training has its own `deepspec.train.stopping.SignalGuard` (it stops after the current step and
 saves a checkpoint instead of raising).
 """
 from __future__ import annotations
