@@ -11,7 +11,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from .strategies import DistEnv, all_gather_object, all_reduce_
+from .distributed import DistEnv, all_gather_object, all_reduce_
 
 
 class _Accumulator:

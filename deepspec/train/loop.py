@@ -40,8 +40,9 @@ from .logging import MetricsLogger, config_as_dict, progress_postfix
 from .optim import lr_at
 from .stopping import (NonFiniteLossError, SignalGuard, TrainingInterrupted, _ignore_sigint,
                        nonfinite_loss_message)
-from .strategies import (DistEnv, FSDPStrategy, all_gather_object, all_reduce_, barrier, broadcast_object,
-                         build_strategy, init_distributed, shutdown)
+from .distributed import (DistEnv, all_gather_object, all_reduce_, barrier, broadcast_object, init_distributed,
+                          shutdown)
+from .strategies import FSDPStrategy, build_strategy
 
 log = logging.getLogger("deepspec.train")
 _as_dict = config_as_dict   # its old name here
