@@ -1,5 +1,6 @@
 """Generation engines (embedded transformers, OpenAI-compatible client), the regeneration
-job behind `prepare` and a small OpenAI-compatible server (`deepspec serve`)."""
+job behind `prepare` and a small OpenAI-compatible server (`deepspec serve`: `server` starts it,
+`handler` answers HTTP, `chat_request` validates, `batcher` batches generation)."""
 from .base import (Completion, Engine, EngineError, GenerationError, Messages, SamplingParams, sample_seed)
 
 __all__ = ["Completion", "Engine", "EngineError", "GenerationError", "Messages", "SamplingParams",
