@@ -25,10 +25,11 @@ Training-time test (exact formulation)
     positions.  Each step is one masked SDPA call over ``[K^0 ; ... ; K^j]``.
     Loss: soft cross-entropy to the target distribution, step weight
     ``step_decay**j``, only where x_{r+2+j} is loss-masked and inside the sequence.
-    With ``draft.ttt_dense`` (default) every root carries the loss and
-    ``batch["anchors"]`` is ignored; otherwise only roots ``anchor - 1`` do (same
-    LM-head rows as DFlash at the same anchors per sequence; the layers still run
-    over every position).
+    With ``draft.ttt_dense`` (default) every position roots a chain that carries the
+    loss and ``batch["anchors"]`` is ignored; otherwise only the chains rooted at
+    ``anchor - 1`` exist: step 0 still runs over every position (its keys are the
+    true prefix), steps >= 1 only over those roots — the same LM-head rows as DFlash
+    at the same anchors per sequence, and ~1/ttt_steps of the dense layer work.
     Metrics use k = j+1 (draft position k counted from the anchor x_{r+1}).
 
 Layouts (``draft.eagle3_layout``)
@@ -141,30 +142,36 @@ class Eagle3Drafter(Drafter):
         return self.lm_logits(self.out_proj(hn) if self.out_proj is not None else hn)
 
     # -- training -------------------------------------------------------------------------------
-    def _ttt(self, batch: Dict[str, torch.Tensor]):
-        """Yields (step j, last-layer output h [B, T, D]) of every training-time-test step."""
+    def _ttt(self, batch: Dict[str, torch.Tensor], roots: Optional[torch.Tensor] = None):
+        """Yields (step j, last-layer output h [B, N, D]) of the chains rooted at ``roots`` [B, N]
+        (default: every position).  Step 0 runs over every position — its keys are the true
+        prefix all chains read; steps j >= 1 run only for the chains' own queries."""
         dev = self.device
         ids = batch["input_ids"].to(dev)
         B, T = ids.shape
         am = batch.get("attention_mask")
         am = torch.ones_like(ids, dtype=torch.bool) if am is None else am.to(dev).bool()
         r = torch.arange(T, device=dev)
+        roots = r.expand(B, T) if roots is None else roots.to(dev).long()
+        N = roots.shape[1]
         causal = (r.view(T, 1) >= r.view(1, T)).unsqueeze(0) & am.unsqueeze(1)        # [B, T, T]
-        diag = torch.eye(T, dtype=torch.bool, device=dev).expand(B, T, T)
-        g = self._features(batch["features"])
-        keys: List[List[KV]] = [[] for _ in self.layers]
         pad = ids.new_full((B, self.cfg.ttt_steps + 1), self.mask_token_id)
         shifted = torch.cat([ids, pad], dim=1)
-        for j in range(self.cfg.ttt_steps):
-            tok = shifted[:, 1 + j:1 + j + T]                                             # x_{r+1+j}
-            mask = torch.cat([causal] + [diag] * j, dim=-1).unsqueeze(1)                 # [B, 1, T, (j+1)T]
-            prefixes = [None if not ks else (torch.cat([k for k, _ in ks], 2), torch.cat([v for _, v in ks], 2))
-                        for ks in keys]
-            h, kvs = self._step(tok, g, (r + j).expand(B, T), prefixes, mask)
+        h0, kv0 = self._step(shifted[:, 1:1 + T], self._features(batch["features"]), r.expand(B, T),
+                             [None] * len(self.layers), causal.unsqueeze(1))
+        h = h0.gather(1, roots.unsqueeze(-1).expand(B, N, h0.shape[-1]))
+        yield 0, h
+        rows = causal.gather(1, roots.unsqueeze(-1).expand(B, N, T))                      # prefix of each root
+        diag = torch.eye(N, dtype=torch.bool, device=dev).expand(B, N, N)
+        keys: List[List[KV]] = [[kv] for kv in kv0]
+        for j in range(1, self.cfg.ttt_steps):
+            tok = shifted.gather(1, roots + 1 + j)                                        # x_{r+1+j}
+            mask = torch.cat([rows] + [diag] * j, dim=-1).unsqueeze(1)                   # [B, 1, N, T+jN]
+            prefixes = [(torch.cat([k for k, _ in ks], 2), torch.cat([v for _, v in ks], 2)) for ks in keys]
+            h, kvs = self._step(tok, h, roots + j, prefixes, mask)
             for ks, kv in zip(keys, kvs):
                 ks.append(kv)
             yield j, h
-            g = h
 
     def _chunk_loss(self, h, tgt_hidden, tokens, valid, weight):
         logits = self._head_logits(h)
@@ -190,14 +197,15 @@ class Eagle3Drafter(Drafter):
         ids_ext = torch.cat([ids, zeros_tok], 1)
         lm_ext = torch.cat([lm, torch.zeros_like(zeros_tok, dtype=torch.bool)], 1)
         last_ext = torch.cat([last, last.new_zeros(B, S + 2, last.shape[-1])], 1)
-        roots = self._loss_roots(batch, B, T)                                             # [B, T] bool
-        n = int(roots.sum())
+        roots, keep = self._loss_roots(batch, B, T)                                       # [B, N] each
+        n = int(keep.sum())
+        Hl = last.shape[-1]
         total, denom, per_step, valids = 0.0, 0.0, [], []
-        for j, h in self._ttt(batch):
-            tokens = ids_ext[:, 2 + j:2 + j + T][roots]                                   # x_{r+2+j}
-            valid = lm_ext[:, 2 + j:2 + j + T][roots]
-            tgt = last_ext[:, 1 + j:1 + j + T][roots]                                     # last_hidden[r+1+j]
-            hf = h[roots]
+        for j, h in self._ttt(batch, None if self.cfg.ttt_dense else roots):
+            tokens = ids_ext.gather(1, roots + 2 + j)[keep]                               # x_{r+2+j}
+            valid = lm_ext.gather(1, roots + 2 + j)[keep]
+            tgt = last_ext.gather(1, (roots + 1 + j).unsqueeze(-1).expand(B, -1, Hl))[keep]  # last_hidden[r+1+j]
+            hf = h[keep]
             rows = []
             for s in range(0, n, chunk):
                 num, st = checkpointed(self._chunk_loss, hf[s:s + chunk], tgt[s:s + chunk],
@@ -214,16 +222,17 @@ class Eagle3Drafter(Drafter):
         metrics["loss"] = float(loss.detach())
         return {"loss": loss, "metrics": metrics}
 
-    def _loss_roots(self, batch: Dict[str, torch.Tensor], B: int, T: int) -> torch.Tensor:
-        """[B, T] bool: the chain roots that carry the loss (all, or anchor - 1 per anchor)."""
+    def _loss_roots(self, batch: Dict[str, torch.Tensor], B: int, T: int):
+        """(roots [B, N] long, keep [B, N] bool): the chain roots that carry the loss — every
+        position, or ``anchor - 1`` per anchor (padding and anchor 0 are not kept)."""
         if self.cfg.ttt_dense:
-            return torch.ones(B, T, dtype=torch.bool, device=self.device)
+            return (torch.arange(T, device=self.device).expand(B, T),
+                    torch.ones(B, T, dtype=torch.bool, device=self.device))
         if "anchors" not in batch:
             raise ValueError("eagle3 with draft.ttt_dense=false needs batch['anchors']")
         a = batch["anchors"].to(self.device).long() - 1
-        roots = torch.zeros(B, T + 1, dtype=torch.bool, device=self.device)
-        roots.scatter_(1, torch.where(a >= 0, a, T), True)                                # padding -> column T
-        return roots[:, :T]
+        keep = (a >= 0) & (a < T)
+        return torch.where(keep, a, torch.zeros_like(a)), keep
 
     @torch.no_grad()
     def step_logits(self, batch: Dict[str, torch.Tensor]) -> torch.Tensor:

@@ -247,3 +247,19 @@ def test_layout_structure_and_config_errors(layout):
     assert attn.q_norm is None and attn.k_norm is None
     assert attn.q_proj.in_features == attn.k_proj.in_features == 2 * t.hidden_size
     assert d.fc.in_features == 3 * t.hidden_size
+
+
+def test_sparse_chains_equal_dense_chains_at_their_roots(tiny_target, layout):
+    """Steps >= 1 computed only for a few roots equal the dense TTT's outputs at those roots."""
+    t = tiny_target
+    batch = make_batch(t, torch.stack([random_ids(t, 13, 8), random_ids(t, 13, 9)]))
+    batch["attention_mask"][1, 11:] = False
+    d = make_eagle(t, layout, seed=2, num_layers=1 if layout == "engine" else 2)
+    roots = torch.tensor([[0, 5, 9], [2, 3, 10]])
+    with torch.no_grad():
+        dense = [h for _, h in d._ttt(batch)]
+        sparse = [h for _, h in d._ttt(batch, roots)]
+    assert len(dense) == len(sparse) == S
+    for hd, hs in zip(dense, sparse):
+        want = hd.gather(1, roots.unsqueeze(-1).expand(-1, -1, hd.shape[-1]))
+        assert torch.allclose(hs, want, atol=1e-5), (hs - want).abs().max()
