@@ -94,6 +94,9 @@ def run(cfg, codecs: Sequence[str] = ("bf16", "fp8", "lowrank"), regen_path: Uni
     specs = [parse_codec(s) for s in codecs]
     if not specs:
         raise CacheError("gate: no codec given")
+    if target is None and cfg.train.heldout_fraction and cfg.train.heldout_fraction > 0:
+        from ..targets import load_target
+        target = load_target(cfg.target)   # once, for every codec's held-out scoring
     rows: List[Dict[str, Any]] = []
     for name, over, label in specs:
         c = _cfg_for(cfg, name, over, label, out, regen)
@@ -146,11 +149,10 @@ def run(cfg, codecs: Sequence[str] = ("bf16", "fp8", "lowrank"), regen_path: Uni
     return report
 
 
-def _heldout_on(cache_dir, cfg, ckpt, target=None) -> Optional[Dict[str, Any]]:
+def _heldout_on(cache_dir, cfg, ckpt, target) -> Optional[Dict[str, Any]]:
     """Teacher-forced metrics of ``ckpt`` on the held-out split of ``cache_dir`` (one batch)."""
     import torch
     from ..drafts.registry import load_drafter
-    from ..targets import load_target
     from ..train.data import CachedSequences, build_micro_batch, split_heldout
     from .reader import CacheReader
 
@@ -162,7 +164,6 @@ def _heldout_on(cache_dir, cfg, ckpt, target=None) -> Optional[Dict[str, Any]]:
     _, held = split_heldout(len(source), tc.heldout_fraction, cfg.data.split_seed)
     if not held:
         return None
-    target = target if target is not None else load_target(cfg.target)
     drafter = load_drafter(ckpt, target)
     drafter.eval()
     span = int(getattr(drafter, "anchor_span", None) or drafter.cfg.gamma)
