@@ -5,7 +5,8 @@ a few hundred ShareGPT prompts, its hidden states go into a compressed cache, a 
 draft trains for a few minutes, and eval decodes prompts from three domains. Without a
 `recipe=` override it uses `recipes/demo.yaml`; any key can be overridden to scale it up or
 down (`deepspec demo data.max_samples=64 train.max_steps=40`). Each stage reuses the earlier
-outputs when re-run (regeneration and cache resume, training resumes from its last checkpoint).
+outputs when re-run (regeneration and cache resume, training resumes from its last checkpoint,
+eval reuses results.json written for the same config, checkpoint and prompts).
 """
 from __future__ import annotations
 

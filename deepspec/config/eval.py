@@ -28,3 +28,5 @@ class EvalConfig:
     warmup: bool = True
     # tqdm progress bar over requests.
     progress: bool = True
+    # Decode again even when results.json already matches this config, checkpoint and prompts.
+    rerun: bool = False

@@ -211,6 +211,15 @@ def _progress(total: int, initial: int, enabled: bool):
                 desc="regenerate", mininterval=1.0, smoothing=0.1)
 
 
+# Failures that a re-run with the same config would repeat (the prompt itself is the cause): a
+# re-run keeps them instead of loading the engine again to retry them.
+FINAL_CODES = frozenset({"prompt_too_long", "bad_request"})
+
+
+def _retryable(entry: Dict[str, Any]) -> bool:
+    return not entry.get("ok") and entry.get("code") not in FINAL_CODES
+
+
 def assemble(paths: RegenPaths, train: Sequence[Conversation], store: PartStore,
              fsync: bool = True) -> Tuple[int, int, int]:
     """Write output and error files in input order from the part files: (ok, failed, tokens)."""
@@ -271,7 +280,7 @@ def _regenerate(cfg, engine: Optional[Engine]) -> Path:
                 f"{paths.output.parent}; to start over run with engine.resume=false (discards its progress), "
                 "or use another run_dir / data.regen_path")
         if job is not None and job.get("fingerprint") == fp and job.get("complete") and ecfg.resume \
-                and paths.output.is_file() and (not job.get("failed") or not ecfg.retry_failed):
+                and paths.output.is_file() and (not job.get("retryable", job.get("failed")) or not ecfg.retry_failed):
             if is0:
                 if not job.get("failed"):
                     store.clear()
@@ -292,7 +301,7 @@ def _regenerate(cfg, engine: Optional[Engine]) -> Path:
 
         def finished(i: int) -> bool:
             e = done.get(i)
-            return e is not None and (e.get("ok") or not ecfg.retry_failed)
+            return e is not None and (not _retryable(e) or not ecfg.retry_failed)
 
         mine = [i for i in range(len(train)) if i % d.world == d.rank]
         todo = [i for i in mine if not finished(i)]
@@ -347,17 +356,21 @@ def _regenerate(cfg, engine: Optional[Engine]) -> Path:
         d.barrier()
         if is0:
             n_ok, n_bad, n_tok = assemble(paths, train, store, fsync=ecfg.fsync)
+            n_retry = sum(1 for e in store.load().values() if _retryable(e))
             write_json_atomic(paths.job, {"fingerprint": fp, "complete": True, "num_samples": len(train),
-                                          "ok": n_ok, "failed": n_bad, "num_tokens": n_tok,
+                                          "ok": n_ok, "failed": n_bad, "retryable": n_retry, "num_tokens": n_tok,
                                           "sampling": params.to_dict(), "engine": ecfg.kind,
                                           "finished": time.strftime("%Y-%m-%dT%H:%M:%S")})
-            if n_bad == 0:
+            if n_retry == 0:
                 store.clear()
             el = time.time() - t0
             print(f"regenerate: {len(train)} train samples: {n_ok} ok, {n_bad} failed "
                   f"({resumed} resumed, {gen_ok + gen_fail} run now on rank 0); {n_tok} tokens; "
                   f"{el:.1f}s → {paths.output}"
-                  + (f"; failures in {paths.errors} (re-run to retry)" if n_bad else ""), flush=True)
+                  + (f"; failures in {paths.errors}" if n_bad else "")
+                  + (f" ({n_retry} transient: re-run to retry; {n_bad - n_retry} final: the prompt is the cause)"
+                     if n_retry else (" (final: the prompt is the cause, e.g. too long; not retried)" if n_bad else "")),
+                  flush=True)
         d.barrier()
         return paths.output
     finally:

@@ -288,8 +288,43 @@ def _config_dict(cfg) -> Dict[str, Any]:
     return OmegaConf.to_container(node, resolve=True)
 
 
+def fingerprint(cfg, benches: Mapping[str, Sequence[Sample]]) -> str:
+    """What an eval's numbers depend on: the resolved config (less `eval.rerun`/`eval.progress`),
+    the checkpoint's files (name, size, mtime) and the prompts themselves."""
+    import hashlib
+    import os
+    from pathlib import Path
+    conf = _config_dict(cfg)
+    conf.get("eval", {}).pop("rerun", None)
+    conf.get("eval", {}).pop("progress", None)
+    files = []
+    ck = Path(cfg.eval.checkpoint) if cfg.eval.checkpoint else None
+    if ck is not None and ck.exists():
+        for f in sorted([ck] if ck.is_file() else (q for q in ck.rglob("*") if q.is_file())):
+            st = os.stat(f)
+            files.append([str(f.relative_to(ck)) if f != ck else f.name, st.st_size, st.st_mtime_ns])
+    prompts = {n: [[s.id, list(s.turns)] for s in ss] for n, ss in benches.items()}
+    blob = json.dumps({"config": conf, "checkpoint": files, "prompts": prompts}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _reusable(out, fp: str) -> Optional[Dict[str, Any]]:
+    """The earlier results.json in ``out`` when it was written for the same fingerprint."""
+    res = out / "results.json"
+    if not res.is_file():
+        return None
+    try:
+        old = json.loads(res.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    return old if old.get("fingerprint") == fp and (out / "report.md").is_file() else None
+
+
 def run(cfg) -> Dict[str, Any]:
-    """`deepspec eval` entry point: returns the summary written to results.json."""
+    """`deepspec eval` entry point: returns the summary written to results.json.
+
+    An output directory whose results.json was written for the same config, checkpoint files and
+    prompts is reused as it is (``eval.rerun=true`` decodes again)."""
     from deepspec.config import save_config
     from deepspec.paths import eval_dir
     from deepspec.targets import load_target
@@ -300,6 +335,12 @@ def run(cfg) -> Dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     save_config(cfg, out)
     benches = load_benchmarks(ec.data_dir, ec.benchmarks, ec.max_samples)   # fail before loading models
+    fp = fingerprint(cfg, benches)
+    old = None if getattr(ec, "rerun", False) else _reusable(out, fp)
+    if old is not None:
+        log.info("eval: already complete in %s (same config, checkpoint and prompts); eval.rerun=true decodes "
+                 "again", out)
+        return old
     torch.manual_seed(ec.seed)
     target = load_target(cfg.target)
     drafter, dinfo = load_eval_drafter(cfg, target)
@@ -328,7 +369,8 @@ def run(cfg) -> Dict[str, Any]:
                         "samples": "samples.jsonl", "config": "resolved_config.yaml"}
     plots = make_plots(out, summary)
     summary["plots"] = plots
-    results = {**summary, "target": target.describe(), "drafter": dinfo, "config": _config_dict(cfg)}
+    results = {**summary, "target": target.describe(), "drafter": dinfo, "config": _config_dict(cfg),
+               "fingerprint": fp}
     res = out / "results.json"   # atomic, not fsynced
     atomic_write(res, json.dumps(_clean(results), indent=2, ensure_ascii=False),
                  tmp=res.with_suffix(res.suffix + ".tmp"), fsync=False)

@@ -52,3 +52,4 @@ def test_reduced_demo_end_to_end(tmp_path, reference_target_dir, eval_data_dir):
     assert "regenerate: already complete" in log
     assert "is already complete" in log or "already complete" in log.split("regenerate: already complete", 1)[1]
     assert "resuming from" in log and "(step 2," in log
+    assert "eval: already complete" in log

@@ -95,3 +95,27 @@ def test_eval_oracle_reference_drafter_upper_bound(tmp_path, eval_data_dir):
     # 1 prefill token + 4 full rounds of γ+1 = 17 tokens
     assert m["rounds"] == 4 and m["tau"] == 4.0 and s["greedy_check"] is None
     assert s["speed"]["baseline"] is None
+
+
+def test_eval_rerun_reuses_matching_results(tmp_path, eval_data_dir, caplog):
+    """Same config, checkpoint and prompts → results.json is reused as it is; a changed key or
+    eval.rerun=true decodes again."""
+    import logging
+    from deepspec.eval.runner import run
+    torch.set_num_threads(1)
+    ov = ("eval.benchmarks=[gsm8k]", "eval.max_new_tokens=6", "eval.measure_baseline=false")
+    first = run(_cfg(tmp_path, eval_data_dir, *ov))
+    res = tmp_path / "eval" / "results.json"
+    stamp = res.stat().st_mtime_ns
+    with caplog.at_level(logging.INFO, logger="deepspec.eval.runner"):
+        again = run(_cfg(tmp_path, eval_data_dir, *ov))
+    assert "already complete" in caplog.text and res.stat().st_mtime_ns == stamp
+    assert again["overall"]["tau"] == pytest.approx(first["overall"]["tau"])
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="deepspec.eval.runner"):
+        run(_cfg(tmp_path, eval_data_dir, *ov[:1], "eval.max_new_tokens=5", *ov[2:]))
+    assert "already complete" not in caplog.text
+    assert json.loads(res.read_text())["config"]["eval"]["max_new_tokens"] == 5
+    stamp = res.stat().st_mtime_ns
+    run(_cfg(tmp_path, eval_data_dir, *ov[:1], "eval.max_new_tokens=5", *ov[2:], "eval.rerun=true"))
+    assert res.stat().st_mtime_ns != stamp

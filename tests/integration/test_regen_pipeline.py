@@ -98,6 +98,27 @@ def test_hf_engine_end_to_end(tmp_path, capsys):
     assert [r["id"] for r in _read(out)] == train_ids and out.read_bytes() != before
 
 
+def test_too_long_prompt_is_a_final_failure(tmp_path, capsys):
+    """A prompt longer than the engine takes fails with a named code; a re-run keeps that failure
+    instead of loading the engine again to retry it (it would fail the same way)."""
+    data = tmp_path / "in.jsonl"
+    rows = [{"id": f"q{i}", "turns": [f"short question {i}"]} for i in range(6)]
+    rows[2] = {"id": "long", "turns": ["word " * 400]}
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = load_config(_overrides(tmp_path, data, "data.heldout_fraction=0", "engine.max_prompt_tokens=64"))
+    out = regenerate(cfg)
+    errs = _read(out.parent / "regen.errors.jsonl")
+    assert [(e["id"], e["code"]) for e in errs] == [("long", "prompt_too_long")]
+    assert [r["id"] for r in _read(out)] == [f"q{i}" for i in range(6) if i != 2]
+    printed = capsys.readouterr().out
+    assert "1 failed" in printed and "final" in printed and "re-run to retry" not in printed
+    job = json.loads((out.parent / "regen.jsonl.job.json").read_text())
+    assert job["failed"] == 1 and job["retryable"] == 0
+    before = out.read_bytes()
+    regenerate(cfg)
+    assert "already complete (5 samples, 1 failed)" in capsys.readouterr().out and out.read_bytes() == before
+
+
 def test_bad_input_stops_with_file_and_line(tmp_path):
     from deepspec.data import DataError
     data = _write_input(tmp_path / "in.jsonl", 4, bad_line=True)
