@@ -171,11 +171,13 @@ def measure(target, traces, policy, table: SPSTable, R: int, steps: int, cache, 
     return sim, ver
 
 
-def row(sim: SimResult, ver: RealVerifier, draft_time_s: float) -> Dict:
+def row(sim: SimResult, ver: RealVerifier, draft_time_s: float, table: SPSTable, table_label: str = "global") -> Dict:
+    """Prediction (``sim``, made with ``table``) next to the measured forwards of the same steps."""
     wall = float(sum(ver.times)) + draft_time_s * sim.steps
     measured = sim.tokens / wall if wall > 0 else 0.0
-    padded = sim.tokens / ver.padded_time_s if ver.padded_time_s > 0 else 0.0
-    return {"R": sim.concurrency, "policy": sim.policy, "steps": sim.steps, "tokens": sim.tokens,
+    padded_time = sum(float(table.step_time(r * l)) + draft_time_s for r, l in ver.shapes)
+    padded = sim.tokens / padded_time if padded_time > 0 else 0.0
+    return {"R": sim.concurrency, "policy": sim.policy, "table": table_label, "steps": sim.steps, "tokens": sim.tokens,
             "predicted_tps_packed": sim.system_tps, "predicted_tps_padded": padded, "measured_tps": measured,
             "rel_error_packed": sim.system_tps / measured - 1 if measured else None,
             "rel_error_padded": padded / measured - 1 if measured else None,
@@ -187,11 +189,11 @@ def row(sim: SimResult, ver: RealVerifier, draft_time_s: float) -> Dict:
 
 
 def markdown(rows: List[Dict]) -> str:
-    out = ["| R | policy | steps | mean B packed → padded | drafts verified / req-step | tokens "
+    out = ["| R | policy | SPS table | steps | mean B packed → padded | drafts verified / req-step | tokens "
            "| predicted tok/s packed | predicted tok/s padded | measured tok/s | error packed | error padded |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        out.append(f"| {r['R']} | {r['policy']} | {r['steps']} | {r['mean_B_packed']:.1f} → {r['mean_B_padded']:.1f} "
+        out.append(f"| {r['R']} | {r['policy']} | {r.get('table', 'global')} | {r['steps']} | {r['mean_B_packed']:.1f} → {r['mean_B_padded']:.1f} "
                    f"| {r['mean_verified_drafts_per_request_step']:.2f} | {r['tokens']} "
                    f"| {r['predicted_tps_packed']:.1f} | {r['predicted_tps_padded']:.1f} | {r['measured_tps']:.1f} "
                    f"| {100 * r['rel_error_packed']:+.1f}% | {100 * r['rel_error_padded']:+.1f}% |")
@@ -213,6 +215,9 @@ def main(argv=None) -> int:
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8])
     p.add_argument("--thresholds", type=float, nargs="+", default=[0.5], help="static threshold policies")
     p.add_argument("--convex", action="store_true", help="also run the scheduler deciding on the convex hull")
+    p.add_argument("--per-r-profile", action="store_true",
+                   help="also profile SPS(B) at each fixed concurrency R (B = R·1 … R·(1+γ)) and predict / "
+                        "schedule with that table (rows labelled 'per-R')")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=2, help="untimed forwards per R before the replays")
     p.add_argument("--draft-time-s", type=float, default=0.0)
@@ -257,16 +262,32 @@ def main(argv=None) -> int:
         policies.append(PrefixSchedulerPolicy(table.convexified(), cal, overhead_s=a.draft_time_s,
                                               name="scheduler-convex"))
     load0 = os.getloadavg()
-    rows = []
-    with tqdm(total=len(a.concurrency) * len(policies) * a.steps, desc="verify", unit="step") as bar:
+    rows, per_r_tables = [], {}
+    n_replays = len(policies) + (1 if a.per_r_profile else 0)
+    with tqdm(total=len(a.concurrency) * n_replays * a.steps, desc="verify", unit="step") as bar:
         for R in a.concurrency:
+            table_r = None
+            if a.per_r_profile:   # before this R's cache exists: the profile prefills its own contexts
+                table_r = profile_sps(target, [R * t for t in range(1, gamma + 2)], context_len=a.context_len,
+                                      repeats=a.repeats, mode="requests", requests=R, seed=a.seed)
+                per_r_tables[R] = table_r.to_json()
             cache, base = prefill(target, R, a.context_len, a.seed)
             warm(target, cache, base, R, gamma + 1, a.warmup)
             for pol in policies:
                 bar.set_postfix(R=R, policy=pol.name)
                 sim, ver = measure(target, traces, pol, table, R, a.steps, cache, base, a.draft_time_s, a.seed,
                                    not a.random_tokens, bar)
-                rows.append(row(sim, ver, a.draft_time_s))
+                rows.append(row(sim, ver, a.draft_time_s, table))
+                if table_r is not None and not isinstance(pol, PrefixSchedulerPolicy):
+                    # same decisions, so the same measured forwards; only the prediction changes
+                    sim_r = simulate(traces, pol, table_r, R, steps=a.steps, draft_time_s=a.draft_time_s, seed=a.seed)
+                    rows.append(row(sim_r, ver, a.draft_time_s, table_r, "per-R"))
+            if table_r is not None:
+                pol = make_policy("scheduler", calibration=cal, sps_table=table_r, overhead_s=a.draft_time_s)
+                bar.set_postfix(R=R, policy="scheduler per-R")
+                sim, ver = measure(target, traces, pol, table_r, R, a.steps, cache, base, a.draft_time_s, a.seed,
+                                   not a.random_tokens, bar)
+                rows.append(row(sim, ver, a.draft_time_s, table_r, "per-R"))
             del cache
     md = markdown(rows)
     print(md)
@@ -276,7 +297,8 @@ def main(argv=None) -> int:
     result = {"bench": "verify_batched", "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": machine,
               "args": vars(a), "note": NOTE, "rollouts": info,
               "calibration": {"path": a.calibration, "temperatures": cal.temperatures} if cal else None,
-              "sps_table_source": table_src, "sps_table": table.to_json(), "results": rows}
+              "sps_table_source": table_src, "sps_table": table.to_json(),
+              "per_r_sps_tables": per_r_tables or None, "results": rows}
     out.write_text(json.dumps(result, indent=1))
     out.with_suffix(".md").write_text(md + "\n")
     print(f"wrote {out}", flush=True)

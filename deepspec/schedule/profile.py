@@ -183,7 +183,7 @@ def _rollback(cache, length: int) -> None:
 
 def profile_sps(target, batch_sizes: Sequence[int], context_len: int = 256, repeats: int = 5,
                 mode: str = "requests", tokens_per_request: int = 8, warmup: int = 1,
-                seed: int = 0) -> SPSTable:
+                seed: int = 0, requests: Optional[int] = None) -> SPSTable:
     """Measure SPS(B) of ``target.decode`` on the target's device.
 
     mode="requests" (default, what serving does): B tokens as R requests × (1+ℓ) tokens,
@@ -191,7 +191,9 @@ def profile_sps(target, batch_sizes: Sequence[int], context_len: int = 256, repe
     ``[R, 1+ℓ]`` new tokens over R cached contexts of ``context_len`` tokens each (prefilled
     untimed, cropped back after every step).  Attention work is linear in B, as in a real
     verification batch; memory is R·context_len KV entries.  The table records the actual
-    R·(1+ℓ) tokens.
+    R·(1+ℓ) tokens.  With ``requests=R`` the concurrency is fixed instead: B tokens as
+    ``[R, ceil(B/R)]`` — the table a server running R requests sees, where the per-request
+    cost (R KV caches read every step) does not change with B.
 
     mode="flat": one sequence with ``context_len`` cached tokens and B new tokens as
     ``[1, B]``.  Cheaper (one context), but the B new tokens attend to each other causally,
@@ -221,8 +223,12 @@ def profile_sps(target, batch_sizes: Sequence[int], context_len: int = 256, repe
             shape, base = (1, B), context_len
             step_cache = cache
         else:
-            t = max(1, min(int(tokens_per_request), B))
-            R = math.ceil(B / t)
+            if requests:
+                R = int(requests)
+                t = max(1, math.ceil(B / R))
+            else:
+                t = max(1, min(int(tokens_per_request), B))
+                R = math.ceil(B / t)
             shape, base = (R, t), context_len
             step_cache = target.decode(rand((R, context_len))).past_key_values if context_len > 0 else None
         times = []
@@ -251,7 +257,8 @@ def profile_sps(target, batch_sizes: Sequence[int], context_len: int = 256, repe
     return SPSTable(batch_tokens=list(uniq), steps_per_second=list(uniq.values()), device=device_name(dev),
                     target=str(name),
                     meta={"mode": mode, "context_len": context_len, "repeats": repeats, "warmup": warmup,
-                          "tokens_per_request": tokens_per_request if mode == "requests" else None,
+                          "tokens_per_request": tokens_per_request if mode == "requests" and not requests else None,
+                          "requests": int(requests) if mode == "requests" and requests else None,
                           "dtype": str(getattr(target, "dtype", "")),
                           "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                           "times_s": times_all})

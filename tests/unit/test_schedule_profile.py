@@ -95,3 +95,7 @@ def test_profile_flat_and_requests_bookkeeping():
     timed = [c for c in tgt2.calls if c[1] == 4]
     assert [s for s, _ in timed] == [(1, 2), (2, 4), (3, 4)]
     assert ((3, 4), None) in tgt2.calls                     # the untimed prefill of 3 contexts
+    tgt3 = _RecordingTarget()                               # fixed concurrency: R rows, B/R tokens each
+    t3 = profile_sps(tgt3, [3, 6, 7, 24], context_len=4, repeats=1, warmup=0, requests=3)
+    assert t3.batch_tokens == [3, 6, 9, 24] and t3.meta["requests"] == 3
+    assert [s for s, seen in tgt3.calls if seen == 4] == [(3, 1), (3, 2), (3, 3), (3, 8)]

@@ -52,8 +52,9 @@ def test_real_replay_matches_simulator(vb, tmp_path, one_thread, R):
         assert ver.shapes == [[R, 1 + max(ell)] for ell in seen]      # padded to the longest request
         assert ver.padded_tokens_total >= sim.batch_tokens_total
         assert len(ver.times) == 4 and target.cache_length(cache) == base   # rolled back after each step
-        row = vb.row(sim, ver, 0.0)
+        row = vb.row(sim, ver, 0.0, table)
         assert row["tokens"] == sim.tokens and row["measured_tps"] > 0
+        assert row["predicted_tps_padded"] == pytest.approx(sim.tokens / ver.padded_time_s)
 
 
 def test_logged_draft_ids_used(vb, tmp_path):
@@ -101,3 +102,20 @@ def test_cli_end_to_end(vb, tmp_path, one_thread):
                                                              for p in ("fixed", "threshold0.5", "scheduler")]
     assert (tmp_path / "vb_sps.json").exists() and d["sps_table"]["meta"]["mode"] == "requests"
     assert "from the rollout log" in d["note"] and out.with_suffix(".md").exists()
+
+
+def test_cli_per_r_profile(vb, tmp_path, one_thread):
+    """--per-r-profile: a table per concurrency R, its predictions for the same forwards, and a
+    scheduler replay that decides with it."""
+    out = tmp_path / "vb.json"
+    assert vb.main(["--target", "tiny:llama", "--rollouts", str(rollouts_file(tmp_path)), "--steps", "2",
+                    "--concurrency", "2", "--threads", "1", "--context-len", "8", "--profile-sizes", "1", "5",
+                    "--repeats", "1", "--warmup", "0", "--per-r-profile", "--out", str(out)]) == 0
+    d = json.loads(out.read_text())
+    assert [(r["policy"], r["table"]) for r in d["results"]] == [
+        ("fixed", "global"), ("fixed", "per-R"), ("threshold0.5", "global"), ("threshold0.5", "per-R"),
+        ("scheduler", "global"), ("scheduler", "per-R")]
+    t2 = d["per_r_sps_tables"]["2"]
+    assert t2["batch_tokens"] == [2, 4, 6, 8, 10] and t2["meta"]["requests"] == 2     # R·1 … R·(1+γ)
+    fixed, fixed_r = d["results"][0], d["results"][1]
+    assert fixed_r["step_times_s"] == fixed["step_times_s"] and fixed_r["measured_tps"] == fixed["measured_tps"]
