@@ -37,6 +37,19 @@ SHARED_ARGS = ("work", "samples", "max_new_tokens", "steps", "anchors", "layers"
 DOMAIN_BENCHES = ["gsm8k", "math500", "humaneval", "mbpp", "mt-bench", "arena-hard-v2"]
 
 
+def shared_overrides(args) -> list:
+    """The Hydra overrides every stage and drafter of a run shares (data, cache, target, budget)."""
+    work = Path(args.work)
+    return [f"data.regen_path={work / 'regen' / 'regen.jsonl'}", f"cache.dir={work / 'cache'}",
+            "target=smollm2_135m", "data=sharegpt", f"data.max_samples={args.samples}",
+            f"engine.max_new_tokens={args.max_new_tokens}", "engine.max_turns=1", "engine.temperature=0.7",
+            "data.max_length=512", "train=cpu", f"train.max_steps={args.steps}",
+            f"train.anchors_per_sequence={args.anchors}", "eval.temperature=0",
+            f"eval.max_samples={args.eval_samples}", f"eval.max_new_tokens={args.eval_new_tokens}",
+            f"eval.benchmarks=[{','.join(DOMAIN_BENCHES)}]",
+            "eval.data_dir=" + str(REPO.parent / "shared" / "eval_datasets"), *args.extra]
+
+
 def _cfg(overrides):
     from deepspec.config import load_config
     return load_config(overrides)
@@ -62,14 +75,7 @@ def main(argv=None) -> int:
     from deepspec.train.loop import run as run_train
 
     work = Path(args.work)
-    shared = [f"data.regen_path={work / 'regen' / 'regen.jsonl'}", f"cache.dir={work / 'cache'}",
-              "target=smollm2_135m", "data=sharegpt", f"data.max_samples={args.samples}",
-              f"engine.max_new_tokens={args.max_new_tokens}", "engine.max_turns=1", "engine.temperature=0.7",
-              "data.max_length=512", "train=cpu", f"train.max_steps={args.steps}",
-              f"train.anchors_per_sequence={args.anchors}", "eval.temperature=0",
-              f"eval.max_samples={args.eval_samples}", f"eval.max_new_tokens={args.eval_new_tokens}",
-              f"eval.benchmarks=[{','.join(DOMAIN_BENCHES)}]", "eval.data_dir=" + str(REPO.parent / "shared" / "eval_datasets"),
-              *args.extra]
+    shared = shared_overrides(args)
     record = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
               "machine": {"platform": platform.platform(), "processor": platform.processor(),
                           "python": platform.python_version()},

@@ -1,0 +1,129 @@
+"""Benchmark (not a test): held-out learning curves of several drafters on one shared cache.
+
+    .venv/bin/python bench/learning_curve.py --steps 160 --eval-every 40 --only dspark_markov eagle3
+
+Reuses the regenerated data and cache of a `bench/reference.py` work directory (same data,
+target layers, anchors and depth as that run; nothing is regenerated) and trains each drafter
+for ``--steps`` with the trainer's held-out evaluation every ``--eval-every`` steps: expected
+τ, per-position acceptance, CE and TV of the draft on the held-out sequences, teacher-forced.
+The held-out sequences and their anchors are the same for every drafter (same seed), so the
+curves are paired.  Writes `bench/results/learning_curve-<date>.{json,md}` and a PNG.
+
+What it answers: whether the gap between drafters at a small budget is a difference in where
+they converge or in how fast they start.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.reference import DRAFTERS, shared_overrides  # noqa: E402
+
+KEYS = ("eval/expected_tau", "eval/accept_rate/1", "eval/accept_rate/2", "eval/ce", "eval/tv")
+
+
+def curve(metrics_path: Path):
+    """The held-out eval rows of a run's metrics.jsonl: [{step, key: value}], by step."""
+    rows = []
+    for line in metrics_path.read_text().splitlines():
+        d = json.loads(line) if line.strip() else {}
+        if "eval/expected_tau" in d:
+            rows.append({"step": int(d["step"]), **{k: d.get(k) for k in KEYS}})
+    return sorted(rows, key=lambda r: r["step"])
+
+
+def markdown(record) -> str:
+    names = list(record["drafters"])
+    steps = sorted({r["step"] for d in record["drafters"].values() for r in d["curve"]})
+    out = ["| step | " + " | ".join(f"{n} E[τ] (P₁)" for n in names) + " |",
+           "|---:|" + "---:|" * len(names)]
+    for s in steps:
+        cells = []
+        for n in names:
+            r = next((r for r in record["drafters"][n]["curve"] if r["step"] == s), None)
+            cells.append("—" if r is None else f"{r['eval/expected_tau']:.3f} ({r['eval/accept_rate/1']:.3f})")
+        out.append(f"| {s} | " + " | ".join(cells) + " |")
+    out.append("| s/step | " + " | ".join(f"{record['drafters'][n]['train_s'] / record['args']['steps']:.1f}"
+                                         for n in names) + " |")
+    return "\n".join(out)
+
+
+def plot(record, png: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for name, d in record["drafters"].items():
+        st = [r["step"] for r in d["curve"]]
+        axes[0].plot(st, [r["eval/expected_tau"] for r in d["curve"]], marker="o", label=name)
+        axes[1].plot(st, [r["eval/ce"] for r in d["curve"]], marker="o", label=name)
+    axes[0].set(xlabel="training step", ylabel="held-out E[τ] (teacher-forced)")
+    axes[1].set(xlabel="training step", ylabel="held-out CE (nats)")
+    for a in axes:
+        a.grid(alpha=0.3)
+        a.legend()
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--work", default=str(REPO / "bench" / "work" / "reference"),
+                   help="bench/reference.py work directory whose regen and cache are reused")
+    p.add_argument("--samples", type=int, default=400, help="must match the reference run's --samples")
+    p.add_argument("--max-new-tokens", type=int, default=96, help="must match the reference run")
+    p.add_argument("--anchors", type=int, default=16)
+    p.add_argument("--layers", type=int, default=1, help="DSpark/DFlash depth (Eagle3 uses 1)")
+    p.add_argument("--steps", type=int, default=160)
+    p.add_argument("--eval-every", type=int, default=40)
+    p.add_argument("--only", nargs="*", default=["dspark_markov", "eagle3"], choices=sorted(DRAFTERS))
+    p.add_argument("--extra", nargs="*", default=[], help="extra Hydra overrides for every drafter")
+    p.add_argument("--out", default=str(REPO / "bench" / "results"))
+    args = p.parse_args(argv)
+    args.eval_samples, args.eval_new_tokens = 0, 0      # shared_overrides fields not used here
+
+    from deepspec.config import load_config
+    from deepspec.train.loop import run as run_train
+    work = Path(args.work)
+    if not (work / "cache").is_dir():
+        raise SystemExit(f"{work / 'cache'}: no cache; run bench/reference.py (or pass --work) first")
+    date = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    record = {"date": date, "command": " ".join([sys.executable, *sys.argv]), "args": vars(args),
+              "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
+                          "loadavg_start": os.getloadavg()}, "drafters": {}}
+    for name in args.only:
+        run_dir = work / "curve" / f"{name}-{args.steps}"
+        ov = shared_overrides(args) + DRAFTERS[name] + [
+            f"run_dir={run_dir}", f"train.eval_every={args.eval_every}", f"train.save_every={args.steps}"]
+        if name != "eagle3":
+            ov.append(f"draft.num_layers={args.layers}")
+        t = time.perf_counter()
+        run_train(load_config(ov))
+        record["drafters"][name] = {"run_dir": str(run_dir), "train_s": time.perf_counter() - t,
+                                    "curve": curve(run_dir / "metrics.jsonl")}
+    record["machine"]["loadavg_end"] = os.getloadavg()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"learning_curve-{date[:10]}"
+    stem.with_suffix(".json").write_text(json.dumps(record, indent=2))
+    md = markdown(record)
+    stem.with_suffix(".md").write_text(md + "\n")
+    plot(record, REPO / "docs" / "benchmarks_assets" / "learning_curve.png")
+    print(md)
+    print(f"wrote {stem}.json, {stem}.md, docs/benchmarks_assets/learning_curve.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
