@@ -23,6 +23,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.render_benchmarks import _train_rate  # noqa: E402  (needs REPO on sys.path)
+
 DRAFTERS = {
     "dspark_markov": ["draft=dspark", "draft.sequential_head=markov"],
     "dspark_rnn": ["draft=dspark_rnn"],
@@ -127,6 +129,7 @@ def main(argv=None) -> int:
             if (work / name / "metrics.jsonl").is_file() else []
         record["drafters"][name] = {"checkpoint": str(ckpt), "train_s": train_s, "eval_s": eval_s,
                                     "train_last_metrics": metrics[-1] if metrics else None,
+                                    "train_summary": _train_rate(metrics),
                                     "eval": results}
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(record, indent=2, default=str))

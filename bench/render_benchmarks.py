@@ -35,6 +35,14 @@ def _train_rate(rows: List[dict]) -> Dict[str, float]:
             "loss": last.get("train/loss"), "expected_tau": last.get("train/expected_tau")}
 
 
+def _heldout(entry: dict, rows: List[dict]) -> dict | None:
+    """The last held-out evaluation: from the run's metrics.jsonl if its work dir is still there, else the
+    record's own copy (bench/reference.py stores the last metrics row, which is the final evaluation)."""
+    row = next((r for r in reversed(rows) if "eval/expected_tau" in r), None)
+    last = entry.get("train_last_metrics") or {}
+    return row or (last if "eval/expected_tau" in last else None)
+
+
 def render(result_path: Path | None = None, out: Path | None = None) -> Path:
     results = sorted((REPO / "bench" / "results").glob("reference-*.json"))
     if result_path is None and not results:
@@ -75,7 +83,7 @@ def render(result_path: Path | None = None, out: Path | None = None) -> Path:
                 L.append(f"- DSpark (Markov) / {other}: τ ratio **{_f(ds / evals[other]['overall']['tau'])}** "
                          f"(paper, Qwen3: {'1.16–1.18' if other == 'dflash' else '1.27–1.31'})")
         L.append("")
-    held = {d: next((r for r in reversed(_metrics(work, d)) if "eval/expected_tau" in r), None) for d in drafters}
+    held = {d: _heldout(rec["drafters"][d], _metrics(work, d)) for d in drafters}
     if any(held.values()):
         L += ["### Teacher-forced on held-out regenerated sequences (end of training)", "",
               "Acceptance probability 1 − TV(q_k, p_k) per position given the true prefix, and the expected τ it "
@@ -111,7 +119,7 @@ def render(result_path: Path | None = None, out: Path | None = None) -> Path:
           "training speed and peak memory on a quieter machine: `bench/train_throughput.py` (below).", "", "| drafter | steps | tokens/s | final train loss | train E[τ] | wall s |",
           "|---|---|---|---|---|---|"]
     for d in drafters:
-        t = _train_rate(_metrics(work, d))
+        t = rec["drafters"][d].get("train_summary") or _train_rate(_metrics(work, d))
         L.append(f"| {d} | {t.get('steps', '–')} | {_f(t.get('tokens_per_s'), '.0f')} | {_f(t.get('loss'))} | "
                  f"{_f(t.get('expected_tau'))} | {_f(rec['drafters'][d]['train_s'], '.0f')} |")
     L += ["", "## 4. Decoding speed on this CPU (batch 1)", "",

@@ -1,0 +1,41 @@
+"""bench/render_benchmarks.py: docs/benchmarks.md must not depend on the run's scratch directory."""
+import importlib.util
+import json
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _render_module():
+    spec = importlib.util.spec_from_file_location("render_benchmarks", REPO / "bench" / "render_benchmarks.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_train_rate_skips_warmup_and_reports_last_step():
+    mod = _render_module()
+    rows = [{"step": s, "tokens": 100, "step_time_s": 10.0 if s == 1 else 1.0, "tokens_per_s": 0,
+             "train/loss": 3.0 - s * 0.1, "train/expected_tau": 1.0 + s / 100} for s in range(1, 11)]
+    rows.append({"step": 10, "eval/expected_tau": 1.2})
+    t = mod._train_rate(rows)
+    assert t["steps"] == 10 and t["tokens_per_s"] == 100.0       # the slow first step is skipped
+    assert abs(t["loss"] - 2.0) < 1e-9 and abs(t["expected_tau"] - 1.1) < 1e-9
+
+
+def test_render_without_work_dir_uses_the_record(tmp_path):
+    mod = _render_module()
+    rec = json.loads(sorted((REPO / "bench" / "results").glob("reference-*.json"))[-1].read_text())
+    rec["args"]["work"] = str(tmp_path / "deleted")              # scratch dir gone, as after a real run
+    mod.REPO = tmp_path                                           # render() names the file relative to REPO
+    src = tmp_path / "bench" / "results" / "reference-test.json"
+    src.parent.mkdir(parents=True)
+    src.write_text(json.dumps(rec))
+    out = tmp_path / "benchmarks.md"
+    text = mod.render(src, out).read_text()
+    for name, entry in rec["drafters"].items():
+        held = entry["train_last_metrics"]["eval/expected_tau"]
+        assert f"| {name} | {held:.3f} |" in text                  # held-out table from the record
+        summary = entry.get("train_summary")
+        if summary:
+            assert f"| {name} | {summary['steps']} | {summary['tokens_per_s']:.0f} |" in text
