@@ -30,6 +30,7 @@ from deepspec.schedule.calibration import fit_sts  # noqa: E402
 from deepspec.schedule.prefix_scheduler import (FixedLengthPolicy, PrefixSchedulerPolicy,  # noqa: E402
                                                 ThresholdPolicy)
 from deepspec.schedule.profile import SPSTable, profile_sps, synthetic_gpu_table  # noqa: E402
+from deepspec.schedule.sps_grid import load_cost_model  # noqa: E402
 from deepspec.schedule.rollouts import (group_by_request, is_synthetic, read_rollouts,  # noqa: E402
                                         synthetic_rollouts, to_arrays)
 from deepspec.schedule.simulator import best_threshold_results, compare_policies, plot_pareto  # noqa: E402
@@ -153,7 +154,7 @@ def main(argv=None):
 
     tables = {}
     if a.sps_table:
-        tab = SPSTable.load(a.sps_table)
+        tab = load_cost_model(a.sps_table)   # an SPS(B) table or an SPS(R, B) grid
         tables[f"profiled-{slug(tab.target)}"] = tab
         print(f"loaded SPS table of {tab.target} on {tab.device}", flush=True)
     elif a.target:

@@ -37,6 +37,7 @@ sys.path.insert(0, str(REPO))
 from deepspec.schedule.calibration import Calibration  # noqa: E402
 from deepspec.schedule.prefix_scheduler import PrefixSchedulerPolicy, make_policy  # noqa: E402
 from deepspec.schedule.profile import SPSTable, _sync, device_name, profile_sps  # noqa: E402
+from deepspec.schedule.sps_grid import SPSGrid  # noqa: E402
 from deepspec.schedule.rollouts import RequestTrace, iter_rollout_lines  # noqa: E402
 from deepspec.schedule.simulator import SimResult, SimStep, simulate  # noqa: E402
 
@@ -301,6 +302,10 @@ def main(argv=None) -> int:
               "per_r_sps_tables": per_r_tables or None, "results": rows}
     out.write_text(json.dumps(result, indent=1))
     out.with_suffix(".md").write_text(md + "\n")
+    if per_r_tables:   # the per-R profiles as one SPS(R, B) grid: `schedule.sps_table=` / schedule_gain --sps-table
+        grid = SPSGrid({int(r): SPSTable.from_json(t) for r, t in per_r_tables.items()}, device=table.device,
+                       target=table.target, meta={"source": str(out)})
+        print(f"wrote {grid.save(out.with_name(out.stem + '_sps_grid.json'))}", flush=True)
     print(f"wrote {out}", flush=True)
     return 0
 

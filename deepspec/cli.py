@@ -22,6 +22,7 @@ STAGES: Dict[str, Tuple[str, str]] = {
     "eval": ("deepspec.eval.runner:run", "lossless speculative decoding on benchmarks; τ, acceptance, plots"),
     "plan": ("deepspec.cache.plan:run", "estimate tokens, cache bytes and time before spending GPU hours"),
     "calibrate": ("deepspec.schedule.calibrate:run", "sequential temperature scaling of the confidence head"),
+    "profile": ("deepspec.schedule.profile_cmd:run", "measure the scheduler's SPS(B) table or SPS(R, B) grid here"),
     "demo": ("deepspec.demo:run", "the whole pipeline on the embedded reference target (CPU, minutes)"),
 }
 # command -> (module:function taking argv, help): commands with their own arguments

@@ -7,7 +7,7 @@ from typing import List, Optional
 
 @dataclass
 class ScheduleConfig:
-    # Path of an SPS(B) cost table (JSON); None = profile on this device.
+    # Path of an SPS(B) cost table or SPS(R, B) grid (JSON); None = profile on this device.
     sps_table: Optional[str] = None
     profile_batch_sizes: List[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
     # Cached context length and timed repeats per batch size when profiling SPS(B).
@@ -15,6 +15,9 @@ class ScheduleConfig:
     profile_repeats: int = 5
     # requests: B tokens as R requests × (1+γ) tokens over R contexts; flat: one [1, B] batch.
     profile_mode: str = "requests"
+    # Profile an SPS(R, B) grid instead: one fixed-concurrency table per R listed here, each over
+    # B = R·(1..γ+1).  None = one SPS(B) table over profile_batch_sizes.
+    profile_requests: Optional[List[int]] = None
     # Read the SPS table through the lower convex hull of its step time (makes the greedy
     # scheduler optimal w.r.t. the table, but optimistic where measurements are concave).
     sps_convex: bool = False

@@ -4,6 +4,8 @@
 - `calibration`: Sequential Temperature Scaling, ECE / AUROC / Brier, threshold sweep
 - `calibrate.run(cfg)`: the `deepspec calibrate` stage
 - `profile`: SPS(B) cost tables (measured or synthetic)
+- `sps_grid`: SPS(R, B) — one table per concurrency R, for costs that are not a function of B alone
+- `profile_cmd.run(cfg)`: the `deepspec profile` stage
 - `prefix_scheduler`: Alg. 1 and the verification-length policies eval calls
 - `simulator`: replay rollouts at concurrency R, compare policies
 """
@@ -14,6 +16,7 @@ from .prefix_scheduler import (ConfidencePolicy, FixedLengthPolicy, PrefixSchedu
                                ThresholdPolicy, expected_throughput, make_policy, optimal_lengths_bruteforce,
                                policy_from_config, schedule_prefix, verify_lengths)
 from .profile import SPSTable, load_sps_table, profile_sps, synthetic_gpu_table
+from .sps_grid import SPSGrid, cost_at, load_cost_model, profile_sps_grid
 from .rollouts import (RolloutRecord, RolloutWriter, default_rollouts_path, group_by_request, make_record,
                        read_rollouts, synthetic_rollouts, to_arrays, write_rollouts)
 from .simulator import SimResult, compare_policies, plot_pareto, simulate
@@ -26,5 +29,5 @@ __all__ = [
     "policy_from_config", "schedule_prefix", "verify_lengths", "SPSTable", "load_sps_table", "profile_sps",
     "synthetic_gpu_table", "RolloutRecord", "RolloutWriter", "default_rollouts_path", "group_by_request",
     "make_record", "read_rollouts", "synthetic_rollouts", "to_arrays", "write_rollouts", "SimResult",
-    "compare_policies", "plot_pareto", "simulate",
+    "compare_policies", "plot_pareto", "simulate", "SPSGrid", "cost_at", "load_cost_model", "profile_sps_grid",
 ]

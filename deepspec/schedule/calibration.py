@@ -24,6 +24,8 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from ..utils.fs import atomic_write
+
 CALIBRATION_FILENAME = "calibration.json"
 _EPS = 1e-6
 
@@ -213,9 +215,7 @@ class Calibration:
         if p.is_dir() or not p.suffix:
             p = p / CALIBRATION_FILENAME
         p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_suffix(p.suffix + ".tmp")
-        tmp.write_text(json.dumps(self.to_json(), indent=2))
-        os.replace(tmp, p)
+        atomic_write(p, json.dumps(self.to_json(), indent=2))
         return p
 
     @classmethod

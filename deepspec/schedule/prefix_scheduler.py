@@ -36,6 +36,7 @@ import numpy as np
 
 from .calibration import Calibration, cumulative, threshold_lengths
 from .profile import SPSTable
+from .sps_grid import SPSGrid, cost_at
 
 SPSFn = Callable[[np.ndarray], np.ndarray]
 
@@ -52,7 +53,7 @@ def _as_numpy(x) -> np.ndarray:
 
 
 def _step_time_fn(sps: Union[SPSTable, SPSFn], overhead_s: float = 0.0) -> Callable[[np.ndarray], np.ndarray]:
-    if isinstance(sps, SPSTable):
+    if hasattr(sps, "step_time"):   # an SPSTable, or one concurrency's slice of an SPSGrid
         def step_time(b):
             return np.asarray(sps.step_time(np.asarray(b, dtype=np.float64)), dtype=np.float64) + overhead_s
         return step_time
@@ -215,9 +216,10 @@ class ThresholdPolicy(_CalibratedPolicy):
 
 
 class PrefixSchedulerPolicy(_CalibratedPolicy):
-    """The prefix scheduler (Alg. 1) under an SPS(B) cost table."""
+    """The prefix scheduler (Alg. 1) under an SPS(B) cost table, or an SPS(R, B) grid
+    (`SPSGrid`: each step is priced with the curve for its number of requests R)."""
 
-    def __init__(self, sps_table: Union[SPSTable, SPSFn], calibration: Optional[Calibration] = None,
+    def __init__(self, sps_table: Union[SPSTable, SPSGrid, SPSFn], calibration: Optional[Calibration] = None,
                  overhead_s: float = 0.0, max_batch_tokens: Optional[int] = None, name: str = "scheduler"):
         super().__init__(calibration)
         self.sps_table = sps_table
@@ -227,7 +229,8 @@ class PrefixSchedulerPolicy(_CalibratedPolicy):
         self.last: Optional[ScheduleResult] = None
 
     def lengths(self, confidences) -> List[int]:
-        self.last = schedule_prefix(self.survival(confidences), self.sps_table, overhead_s=self.overhead_s,
+        a = self.survival(confidences)
+        self.last = schedule_prefix(a, cost_at(self.sps_table, a.shape[0]), overhead_s=self.overhead_s,
                                     max_batch_tokens=self.max_batch_tokens)
         return self.last.lengths.tolist()
 
@@ -238,7 +241,7 @@ def verify_lengths(confidences, policy: ConfidencePolicy) -> List[int]:
 
 
 def make_policy(kind: str, *, calibration: Optional[Calibration] = None, threshold: Optional[float] = None,
-                sps_table: Optional[Union[SPSTable, SPSFn]] = None, overhead_s: float = 0.0,
+                sps_table: Optional[Union[SPSTable, SPSGrid, SPSFn]] = None, overhead_s: float = 0.0,
                 max_batch_tokens: Optional[int] = None, length: Optional[int] = None) -> ConfidencePolicy:
     """kind ∈ {"fixed", "threshold", "scheduler"}."""
     if kind == "fixed":
@@ -259,8 +262,8 @@ def policy_from_config(cfg, target=None, calibration: Optional[Calibration] = No
 
     ``schedule.policy``: "fixed" (default; but if ``eval.confidence_threshold`` is set it
     means "threshold"), "threshold" (``schedule.threshold`` or ``eval.confidence_threshold``)
-    or "scheduler" (``schedule.sps_table`` or a profile of ``target``; read through its
-    convex hull when ``schedule.sps_convex``).  Calibration:
+    or "scheduler" (``schedule.sps_table``, a table or an SPS(R, B) grid, or a profile of
+    ``target``; read through its convex hull when ``schedule.sps_convex``).  Calibration:
     the given one, else ``schedule.calibration`` (a JSON path), else
     ``{eval.checkpoint}/calibration.json`` if present, else none (raw confidences).
     """

@@ -34,9 +34,11 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
+
+from ..utils.fs import atomic_write
 
 
 @dataclass
@@ -101,9 +103,7 @@ class SPSTable:
     def save(self, path: str | os.PathLike) -> Path:
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_suffix(p.suffix + ".tmp")
-        tmp.write_text(json.dumps(self.to_json(), indent=2))
-        os.replace(tmp, p)
+        atomic_write(p, json.dumps(self.to_json(), indent=2))
         return p
 
     @classmethod
@@ -183,7 +183,8 @@ def _rollback(cache, length: int) -> None:
 
 def profile_sps(target, batch_sizes: Sequence[int], context_len: int = 256, repeats: int = 5,
                 mode: str = "requests", tokens_per_request: int = 8, warmup: int = 1,
-                seed: int = 0, requests: Optional[int] = None) -> SPSTable:
+                seed: int = 0, requests: Optional[int] = None,
+                on_size: Optional[Callable[[int], None]] = None) -> SPSTable:
     """Measure SPS(B) of ``target.decode`` on the target's device.
 
     mode="requests" (default, what serving does): B tokens as R requests × (1+ℓ) tokens,
@@ -200,7 +201,7 @@ def profile_sps(target, batch_sizes: Sequence[int], context_len: int = 256, repe
     so attention grows as B² — an overestimate for large B on small models.
 
     SPS = 1 / median over ``repeats`` timed steps (after ``warmup`` untimed ones); the
-    prefill of the context is not timed.
+    prefill of the context is not timed.  ``on_size(B)`` is called after each size (progress).
     """
     import torch
     if mode not in ("flat", "requests"):
@@ -249,6 +250,8 @@ def profile_sps(target, batch_sizes: Sequence[int], context_len: int = 256, repe
         measured_b.append(shape[0] * shape[1])
         sps.append(1.0 / med)
         times_all.append(times)
+        if on_size is not None:
+            on_size(B)
     # 'requests' may map two requested sizes to the same token count: keep the first.
     uniq: Dict[int, float] = {}
     for b, s in zip(measured_b, sps):
@@ -264,12 +267,18 @@ def profile_sps(target, batch_sizes: Sequence[int], context_len: int = 256, repe
                           "times_s": times_all})
 
 
-def load_sps_table(cfg, target=None) -> SPSTable:
-    """``cfg.schedule.sps_table`` if set, else profile ``target`` with the configured sizes."""
+def load_sps_table(cfg, target=None):
+    """The scheduler's cost model: ``cfg.schedule.sps_table`` (an SPS(B) table or an SPS(R, B)
+    grid) if set, else a profile of ``target`` — a grid over ``schedule.profile_requests`` if
+    that is set, else one table over ``schedule.profile_batch_sizes``."""
+    from .sps_grid import load_cost_model, profile_sps_grid
     sc = cfg.schedule
     if sc.sps_table:
-        return SPSTable.load(sc.sps_table)
+        return load_cost_model(sc.sps_table)
     if target is None:
         raise ValueError("schedule.sps_table is not set and no target was given to profile")
+    if sc.profile_requests:
+        return profile_sps_grid(target, sc.profile_requests, tokens_per_request=int(cfg.draft.gamma) + 1,
+                                context_len=sc.profile_context_len, repeats=sc.profile_repeats)
     return profile_sps(target, sc.profile_batch_sizes, context_len=sc.profile_context_len,
                        repeats=sc.profile_repeats, mode=sc.profile_mode)

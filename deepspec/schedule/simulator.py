@@ -9,7 +9,8 @@ shuffled cycle), so the system stays at concurrency R.  Every simulated step:
 2. the policy picks ℓ_r from the confidences (draft-side only);
 3. the request keeps ``min(accepted, ℓ_r)`` drafts plus one target token — valid because
    whether a draft prefix is accepted does not depend on the drafts after it;
-4. the step takes ``1/SPS(B) + draft_time_s`` seconds with B = Σ_r (1 + ℓ_r).
+4. the step takes ``1/SPS(B) + draft_time_s`` seconds with B = Σ_r (1 + ℓ_r) (with an
+   `SPSGrid`, 1/SPS_R(B): the curve profiled at this concurrency R).
 
 Approximation: after a truncated round the real request would continue from a different
 position; the replay instead moves on to the next logged round, i.e. it treats a request's
@@ -34,6 +35,7 @@ import numpy as np
 
 from .prefix_scheduler import ConfidencePolicy
 from .profile import SPSTable
+from .sps_grid import CostModel, cost_at
 from .rollouts import RequestTrace
 
 log = logging.getLogger(__name__)
@@ -122,7 +124,7 @@ class _Replay:
                 self.slot_pos[s] = 0
 
 
-def simulate(traces: Sequence[RequestTrace], policy: ConfidencePolicy, sps_table: SPSTable,
+def simulate(traces: Sequence[RequestTrace], policy: ConfidencePolicy, sps_table: CostModel,
              concurrency: int, steps: int = 200, draft_time_s: float = 0.0, seed: int = 0,
              on_step: Optional[Callable[[SimStep], None]] = None) -> SimResult:
     """Simulate ``steps`` verification steps at concurrency R under one policy.
@@ -134,6 +136,7 @@ def simulate(traces: Sequence[RequestTrace], policy: ConfidencePolicy, sps_table
     if concurrency < 1:
         raise ValueError("concurrency must be ≥ 1")
     rep = _Replay(traces, concurrency, seed)
+    cost = cost_at(sps_table, concurrency)   # a grid prices R requests with its curve for R
     res = SimResult(policy=getattr(policy, "name", type(policy).__name__), concurrency=concurrency,
                     steps=0, time_s=0.0, tokens=0, accepted_drafts=0, verified_drafts=0,
                     rejected_drafts=0, request_steps=0, batch_tokens_total=0)
@@ -147,7 +150,7 @@ def simulate(traces: Sequence[RequestTrace], policy: ConfidencePolicy, sps_table
         kept = np.minimum(acc, ell)
         B = int(np.sum(1 + ell))
         res.steps += 1
-        res.time_s += float(sps_table.step_time(B)) + draft_time_s
+        res.time_s += float(cost.step_time(B)) + draft_time_s
         res.tokens += int(np.sum(kept + 1))
         res.accepted_drafts += int(kept.sum())
         res.verified_drafts += int(ell.sum())
@@ -164,7 +167,7 @@ def simulate(traces: Sequence[RequestTrace], policy: ConfidencePolicy, sps_table
 
 
 def compare_policies(traces: Sequence[RequestTrace], policies: Sequence[ConfidencePolicy],
-                     sps_table: SPSTable, concurrencies: Sequence[int] = (1, 2, 4, 8, 16, 32, 64, 128, 256),
+                     sps_table: CostModel, concurrencies: Sequence[int] = (1, 2, 4, 8, 16, 32, 64, 128, 256),
                      steps: int = 200, draft_time_s: float = 0.0, seed: int = 0) -> List[SimResult]:
     out = []
     for R in concurrencies:

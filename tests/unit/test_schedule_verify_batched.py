@@ -119,3 +119,7 @@ def test_cli_per_r_profile(vb, tmp_path, one_thread):
     assert t2["batch_tokens"] == [2, 4, 6, 8, 10] and t2["meta"]["requests"] == 2     # R·1 … R·(1+γ)
     fixed, fixed_r = d["results"][0], d["results"][1]
     assert fixed_r["step_times_s"] == fixed["step_times_s"] and fixed_r["measured_tps"] == fixed["measured_tps"]
+    from deepspec.schedule import SPSGrid, load_cost_model
+    grid = load_cost_model(tmp_path / "vb_sps_grid.json")      # the per-R tables, reusable as a cost model
+    assert isinstance(grid, SPSGrid) and grid.requests == [2]
+    assert grid.tables[2].steps_per_second == t2["steps_per_second"]
