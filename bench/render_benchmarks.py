@@ -1,4 +1,4 @@
-"""Render `docs/benchmarks.md` from the newest `bench/results/reference-*.json`.
+"""Render `docs/benchmarks.md` from the newest `bench/results/reference-*.json` that has all four drafters.
 
 Only numbers present in the result file appear in the document; nothing is estimated.
 """
@@ -47,13 +47,16 @@ def render(result_path: Path | None = None, out: Path | None = None) -> Path:
     results = sorted((REPO / "bench" / "results").glob("reference-*.json"))
     if result_path is None and not results:
         raise SystemExit("no bench/results/reference-*.json: run bench/reference.py first")
-    rec = json.loads(Path(result_path or results[-1]).read_text())
+    if result_path is None:   # the newest run with all four drafters (a partial `--only` run does not replace it)
+        full = [r for r in results if set(ORDER) <= set(json.loads(r.read_text()).get("drafters", {}))]
+        result_path = (full or results)[-1]
+    rec = json.loads(Path(result_path).read_text())
     drafters = [d for d in ORDER if d in rec["drafters"]]
     evals = {d: rec["drafters"][d]["eval"] for d in drafters}
     work = Path(rec["args"]["work"])
     L: List[str] = ["# Benchmarks", "",
                     f"Measured by `bench/reference.py` on {rec['date']} — every number below comes from that run "
-                    f"(`{Path(result_path or results[-1]).relative_to(REPO)}`).", "",
+                    f"(`{Path(result_path).relative_to(REPO)}`).", "",
                     f"- machine: {rec['machine']['platform']}, torch {rec['machine']['torch']}, "
                     f"{rec['machine']['threads']} threads, no GPU",
                     *[f"- command: `{c}`" for c in rec.get("commands", [rec["command"]])],
