@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Optional
 
 from .conversation import Conversation, DataError, UnknownRoleError, fallback_id, record_to_conversation
 from .sources import column_mapping, iter_source
+from ..utils.fs import jsonl_line
 
 log = logging.getLogger(__name__)
 ON_ERROR = ("error", "skip")
@@ -66,7 +67,7 @@ class ErrorFile:
             self._tmp = self.path.with_name(f".{self.path.name}.tmp.{os.getpid()}")
             # backslashreplace: a lone surrogate in a bad record is written as the JSON escape \\udXXX
             self._f = open(self._tmp, "w", encoding="utf-8", errors="backslashreplace")
-        self._f.write(json.dumps(entry, ensure_ascii=False, default=str) + "\n")
+        self._f.write(jsonl_line(entry, default=str) + "\n")
 
     def close(self) -> None:
         if self.path is None:

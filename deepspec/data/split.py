@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 from typing import Iterable, List, Sequence, Tuple
 
+from ..utils.fs import jsonl_line
 from .conversation import Conversation
 
 
@@ -51,7 +52,7 @@ def write_jsonl_atomic(path: str | os.PathLike, records: Iterable[dict], fsync: 
         # backslashreplace: a lone surrogate (e.g. from a server's JSON) is written as its JSON escape
         with open(tmp, "w", encoding="utf-8", errors="backslashreplace") as f:
             for r in records:
-                f.write(json.dumps(r, ensure_ascii=False) + "\n")
+                f.write(jsonl_line(r) + "\n")
             f.flush()
             if fsync:
                 os.fsync(f.fileno())

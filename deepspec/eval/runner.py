@@ -30,7 +30,7 @@ from .metrics import (acceptance_metrics, cumulative_confidence_points, macro_av
                       speed_metrics, threshold_sweep)
 from .sampling import Warp, make_warp
 from .speculative import GenerationResult, RoundStats, speculative_generate, target_generate
-from ..utils.fs import atomic_write
+from ..utils.fs import atomic_write, jsonl_line
 
 log = logging.getLogger(__name__)
 
@@ -359,7 +359,7 @@ def run(cfg) -> Dict[str, Any]:
                            progress=getattr(ec, "progress", True))
     with open(out / "samples.jsonl", "w", encoding="utf-8") as f:
         for r in records:
-            f.write(json.dumps(_clean(r.to_json()), ensure_ascii=False) + "\n")
+            f.write(jsonl_line(_clean(r.to_json())) + "\n")
     summary = summarize(records, gamma, temps, greedy=warp.greedy)
     summary["setup"] = {"target": f"{target.name} ({cfg.target.path})", "drafter": f"{dinfo['algorithm']} ({dinfo['source']})",
                         "policy": getattr(policy, "name", type(policy).__name__), "warp": warp.describe(),

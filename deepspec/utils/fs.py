@@ -2,6 +2,7 @@
 atomic file replacement."""
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Optional, Union
@@ -58,3 +59,16 @@ def atomic_write(path: Union[str, os.PathLike], data: Union[bytes, str], *,
         raise
     if sync_dir:
         fsync_dir(path.parent)
+
+
+# Characters str.splitlines() breaks on that json.dumps(ensure_ascii=False) leaves raw.
+_LINE_BREAKS = {"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+
+
+def jsonl_line(obj, **kwargs) -> str:
+    """One JSONL record (no newline): UTF-8 kept readable, but NEL/LS/PS escaped so that any
+    line splitter (``str.splitlines`` included) sees exactly one record per line."""
+    s = json.dumps(obj, ensure_ascii=False, **kwargs)
+    for ch, esc in _LINE_BREAKS.items():
+        s = s.replace(ch, esc)
+    return s

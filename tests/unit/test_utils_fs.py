@@ -31,3 +31,12 @@ def test_atomic_write_failure_keeps_old_file_and_names_it(tmp_path, monkeypatch,
         fs.atomic_write(p, "new", fsync=fsync)
     assert ei.value.errno == errno.ENOSPC and str(p) in str(ei.value)
     assert p.read_text() == "old" and sorted(os.listdir(tmp_path)) == ["b.json"]
+
+
+def test_jsonl_line_survives_every_line_splitter():
+    import json
+    from deepspec.utils.fs import jsonl_line
+    rec = {"raw": "a\x85b\u2028c\u2029d\ne", "t": "héllo"}
+    line = jsonl_line(rec)
+    assert len(line.splitlines()) == 1 and "héllo" in line       # one record per line, UTF-8 kept
+    assert json.loads(line) == rec
