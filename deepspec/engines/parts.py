@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-from ..utils.fs import atomic_write, with_path
+from ..utils.fs import atomic_write, with_path, jsonl_line
 from ..utils.signals import deferred
 
 log = logging.getLogger(__name__)
@@ -104,7 +104,7 @@ class PartStore:
         a failed write (disk full, I/O error) is cut off again, keeping every earlier line."""
         if self._f is None:
             self.open()
-        buf = b"".join(json.dumps(e, ensure_ascii=False).encode("utf-8", "backslashreplace") + b"\n"
+        buf = b"".join(jsonl_line(e).encode("utf-8", "backslashreplace") + b"\n"
                        for e in entries)
         if not buf:
             return

@@ -15,8 +15,8 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from ..paths import run_dir
-from .profile import SPSTable, profile_sps
-from .sps_grid import SPSGrid, profile_sps_grid
+from .profile import profile_from_config
+from .sps_grid import SPSGrid
 
 log = logging.getLogger(__name__)
 
@@ -46,14 +46,8 @@ def run(cfg) -> Path:
         def tick(B):
             bar.update(1)
             bar.set_postfix(B=B)
-        if sc.profile_requests:
-            cost = profile_sps_grid(target, sc.profile_requests, tokens_per_request=gamma + 1,
-                                    context_len=sc.profile_context_len, repeats=sc.profile_repeats, on_size=tick)
-            path = out_dir / "sps_grid.json"
-        else:
-            cost: SPSTable = profile_sps(target, sc.profile_batch_sizes, context_len=sc.profile_context_len,
-                                         repeats=sc.profile_repeats, mode=sc.profile_mode, on_size=tick)
-            path = out_dir / "sps_table.json"
+        cost = profile_from_config(cfg, target, on_size=tick)
+    path = out_dir / ("sps_grid.json" if isinstance(cost, SPSGrid) else "sps_table.json")
     cost.save(path)
     save_config(cfg, out_dir)
     print("\n".join(summary_lines(cost)))

@@ -34,7 +34,6 @@ from typing import Callable, Dict, List, Optional, Sequence, Union
 import numpy as np
 
 from .prefix_scheduler import ConfidencePolicy
-from .profile import SPSTable
 from .sps_grid import CostModel, cost_at
 from .rollouts import RequestTrace
 
