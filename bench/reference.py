@@ -1,7 +1,7 @@
 """Reference benchmark: DSpark (Markov), DSpark (RNN), DFlash and Eagle3 side by side on a real model.
 
 One command, one shared regenerated dataset and cache, the same steps and depth for every
-drafter, eval on the same prompts. Writes `bench/results/reference-<date>.json` and
+drafter, eval on the same prompts. Writes `bench/results/reference-<date>-<work dir name>.json` and
 regenerates `docs/benchmarks.md`.
 
     .venv/bin/python bench/reference.py                      # defaults sized for a 2-core CPU
@@ -82,7 +82,8 @@ def main(argv=None) -> int:
               "machine": {"platform": platform.platform(), "processor": platform.processor(),
                           "python": platform.python_version()},
               "command": " ".join([sys.executable, *sys.argv]), "args": vars(args), "stages": {}, "drafters": {}}
-    out = REPO / "bench" / "results" / f"reference-{record['date'][:10]}.json"
+    # one file per day and work dir: runs on other data never overwrite each other's record
+    out = REPO / "bench" / "results" / f"reference-{record['date'][:10]}-{work.name}.json"
     if out.is_file():   # a later `--only` run joins the same day's result if its settings match
         old = json.loads(out.read_text())
         if all(old["args"].get(k) == record["args"][k] for k in SHARED_ARGS):

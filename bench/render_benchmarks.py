@@ -44,7 +44,9 @@ def _heldout(entry: dict, rows: List[dict]) -> dict | None:
 
 
 def render(result_path: Path | None = None, out: Path | None = None) -> Path:
-    results = sorted((REPO / "bench" / "results").glob("reference-*.json"))
+    # newest by the date each record states (file names only carry the day and the work dir)
+    results = sorted((REPO / "bench" / "results").glob("reference-*.json"),
+                     key=lambda r: (json.loads(r.read_text()).get("date", ""), r.name))
     if result_path is None and not results:
         raise SystemExit("no bench/results/reference-*.json: run bench/reference.py first")
     if result_path is None:   # the newest run with all four drafters (a partial `--only` run does not replace it)

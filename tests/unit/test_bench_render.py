@@ -39,3 +39,25 @@ def test_render_without_work_dir_uses_the_record(tmp_path):
         summary = entry.get("train_summary")
         if summary:
             assert f"| {name} | {summary['steps']} | {summary['tokens_per_s']:.0f} |" in text
+
+
+def test_render_picks_the_newest_full_record_by_its_date_not_its_file_name(tmp_path):
+    mod = _render_module()
+    full = next(r for r in sorted((REPO / "bench" / "results").glob("reference-*.json"))
+                if set(mod.ORDER) <= set(json.loads(r.read_text())["drafters"]))
+    rec = json.loads(full.read_text())
+    rec["args"]["work"] = str(tmp_path / "deleted")
+    mod.REPO = tmp_path
+    res = tmp_path / "bench" / "results"
+    res.mkdir(parents=True)
+    # file names sort the other way round from the dates the records state
+    (res / "reference-a-old.json").write_text(json.dumps({**rec, "date": "2026-01-02T00:00:00+00:00",
+                                                          "commands": ["OLDER"]}))
+    (res / "reference-b-new.json").write_text(json.dumps({**rec, "date": "2026-01-01T00:00:00+00:00",
+                                                          "commands": ["NEWER-BY-NAME"]}))
+    partial = {**rec, "date": "2026-01-03T00:00:00+00:00", "commands": ["PARTIAL"],
+               "drafters": {"eagle3": rec["drafters"]["eagle3"]}}
+    (res / "reference-c-partial.json").write_text(json.dumps(partial))   # newest, but not all four drafters
+    text = mod.render(None, tmp_path / "benchmarks.md").read_text()
+    assert "reference-a-old.json" in text and "2026-01-02" in text
+    assert "PARTIAL" not in text and "NEWER-BY-NAME" not in text
