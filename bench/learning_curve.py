@@ -11,6 +11,11 @@ curves are paired.  Writes `bench/results/learning_curve-<date>.{json,md}` and a
 
 What it answers: whether the gap between drafters at a small budget is a difference in where
 they converge or in how fast they start.
+
+Ablations: ``--variant LABEL=DRAFTER[,override...]`` (repeatable) trains named variants instead of
+``--only``, e.g. ``--variant markov_L3=dspark_markov,draft.num_layers=3``.  With ``--prepare`` a
+missing work directory is regenerated and cached first (the same stages as `bench/reference.py`),
+so one command reruns an ablation from nothing.
 """
 from __future__ import annotations
 
@@ -39,6 +44,40 @@ def curve(metrics_path: Path):
         if "eval/expected_tau" in d:
             rows.append({"step": int(d["step"]), **{k: d.get(k) for k in KEYS}})
     return sorted(rows, key=lambda r: r["step"])
+
+
+def parse_variants(specs, only, layers):
+    """[(label, drafter, overrides)] from ``LABEL=DRAFTER[,override...]`` specs, or one per ``--only``
+    drafter.  A variant without its own ``draft.num_layers`` gets ``--layers`` (Eagle3 stays at 1)."""
+    out = []
+    for spec in specs or []:
+        label, sep, rest = spec.partition("=")
+        parts = rest.split(",") if sep else []
+        if not label or not parts or parts[0] not in DRAFTERS:
+            raise SystemExit(f"--variant {spec!r}: expected LABEL=DRAFTER[,override...] with DRAFTER one of "
+                             f"{sorted(DRAFTERS)}")
+        if any("=" not in o for o in parts[1:]):
+            raise SystemExit(f"--variant {spec!r}: every override after the drafter must be key=value")
+        if label in (v[0] for v in out):
+            raise SystemExit(f"--variant {spec!r}: label {label!r} used twice")
+        out.append((label, parts[0], parts[1:]))
+    if not out:
+        out = [(name, name, []) for name in only]
+    return [(label, d, ov if d == "eagle3" or any(o.startswith("draft.num_layers=") for o in ov)
+             else ov + [f"draft.num_layers={layers}"]) for label, d, ov in out]
+
+
+def prepare(args, work: Path) -> dict:
+    """Regenerate and cache the work directory's data (each stage resumes what is already there)."""
+    from deepspec.cache.build import build_cache
+    from deepspec.config import load_config
+    from deepspec.engines.regen import regenerate
+    base = load_config(shared_overrides(args) + [f"run_dir={work / 'prepare'}"])
+    t = time.perf_counter()
+    regen = regenerate(base)
+    t1 = time.perf_counter()
+    build_cache(base, regen_path=regen)
+    return {"regenerate_s": t1 - t, "cache_s": time.perf_counter() - t1}
 
 
 def markdown(record) -> str:
@@ -88,40 +127,54 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=160)
     p.add_argument("--eval-every", type=int, default=40)
     p.add_argument("--only", nargs="*", default=["dspark_markov", "eagle3"], choices=sorted(DRAFTERS))
+    p.add_argument("--variant", nargs="*", default=[], metavar="LABEL=DRAFTER[,override...]",
+                   help="named ablation variants, trained instead of --only")
+    p.add_argument("--prepare", action="store_true",
+                   help="regenerate and cache the work directory first if its cache is missing")
     p.add_argument("--extra", nargs="*", default=[], help="extra Hydra overrides for every drafter")
     p.add_argument("--out", default=str(REPO / "bench" / "results"))
+    p.add_argument("--name", default="learning_curve",
+                   help="output stem: <out>/<name>-<date>.{json,md} and docs/benchmarks_assets/<name>.png")
     args = p.parse_args(argv)
     args.eval_samples, args.eval_new_tokens = 0, 0      # shared_overrides fields not used here
 
     from deepspec.config import load_config
     from deepspec.train.loop import run as run_train
     work = Path(args.work)
+    variants = parse_variants(args.variant, args.only, args.layers)
+    stages = {}
     if not (work / "cache").is_dir():
-        raise SystemExit(f"{work / 'cache'}: no cache; run bench/reference.py (or pass --work) first")
+        if not args.prepare:
+            raise SystemExit(f"{work / 'cache'}: no cache; pass --prepare, run bench/reference.py, or pass --work")
+        stages = prepare(args, work)
     date = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     record = {"date": date, "command": " ".join([sys.executable, *sys.argv]), "args": vars(args),
               "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                          "loadavg_start": os.getloadavg()}, "drafters": {}}
-    for name in args.only:
-        run_dir = work / "curve" / f"{name}-{args.steps}"
-        ov = shared_overrides(args) + DRAFTERS[name] + [
+                          "loadavg_start": os.getloadavg()}, "stages": stages, "drafters": {}}
+    for label, name, extra in variants:
+        if args.variant:        # labels are unique and name the variant's settings
+            leaf = f"{label}-{args.steps}"
+        else:                   # runs of another depth never resume this one
+            leaf = f"{name}{'' if name == 'eagle3' else f'-L{args.layers}'}-{args.steps}"
+        run_dir = work / "curve" / ("" if args.name == "learning_curve" else args.name) / leaf
+        ov = shared_overrides(args) + DRAFTERS[name] + extra + [
             f"run_dir={run_dir}", f"train.eval_every={args.eval_every}", f"train.save_every={args.steps}"]
-        if name != "eagle3":
-            ov.append(f"draft.num_layers={args.layers}")
         t = time.perf_counter()
         run_train(load_config(ov))
-        record["drafters"][name] = {"run_dir": str(run_dir), "train_s": time.perf_counter() - t,
-                                    "curve": curve(run_dir / "metrics.jsonl")}
+        record["drafters"][label] = {"drafter": name, "overrides": extra, "run_dir": str(run_dir),
+                                     "train_s": time.perf_counter() - t, "load_avg_after": os.getloadavg(),
+                                     "curve": curve(run_dir / "metrics.jsonl")}
     record["machine"]["loadavg_end"] = os.getloadavg()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"learning_curve-{date[:10]}"
+    stem = out / f"{args.name}-{date[:10]}"
     stem.with_suffix(".json").write_text(json.dumps(record, indent=2))
     md = markdown(record)
     stem.with_suffix(".md").write_text(md + "\n")
-    plot(record, REPO / "docs" / "benchmarks_assets" / "learning_curve.png")
+    png = REPO / "docs" / "benchmarks_assets" / f"{args.name}.png"
+    plot(record, png)
     print(md)
-    print(f"wrote {stem}.json, {stem}.md, docs/benchmarks_assets/learning_curve.png")
+    print(f"wrote {stem}.json, {stem}.md, {png}")
     return 0
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import platform
 import resource
 import sys
@@ -120,6 +121,7 @@ def main(argv=None) -> int:
         t = time.perf_counter()
         ckpt = run_train(cfg)
         train_s = time.perf_counter() - t
+        load_after_train = os.getloadavg()
         cfg.eval.checkpoint = str(ckpt)
         t = time.perf_counter()
         run_eval(cfg)
@@ -129,6 +131,8 @@ def main(argv=None) -> int:
         metrics = [json.loads(l) for l in (work / name / "metrics.jsonl").read_text().splitlines() if l.strip()] \
             if (work / name / "metrics.jsonl").is_file() else []
         record["drafters"][name] = {"checkpoint": str(ckpt), "train_s": train_s, "eval_s": eval_s,
+                                    # 1/5/15-minute load averages: wall-clock figures on 2 cores move 2-3x with load
+                                    "load_avg": {"after_train": load_after_train, "after_eval": os.getloadavg()},
                                     "train_last_metrics": metrics[-1] if metrics else None,
                                     "train_summary": _train_rate(metrics),
                                     "eval": results}

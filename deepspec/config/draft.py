@@ -50,6 +50,10 @@ class DraftConfig:
     # hidden stream, no q/k norm), exportable with `deepspec export --to vllm|sglang`; needs
     # exactly 3 target.layer_ids, draft.num_layers=1 and draft.hidden_size unset.
     eagle3_layout: str = "native"
+    # Ablation for DFlash/DSpark, not part of either paper: also add a projection of the latest
+    # target feature (position p-1) to every block input, the view Eagle3 gets in its layer input.
+    # Default false keeps the published architecture (context only as extra K/V).
+    anchor_feature: bool = False
     loss: LossConfig = field(default_factory=LossConfig)
     # Sequential temperature scaling (filled in by `deepspec calibrate`).
     # Initialise from a saved draft directory: weights with matching names and shapes are

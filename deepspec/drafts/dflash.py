@@ -11,7 +11,9 @@ Backbone
     A block anchored at p has input ``[x_p, MASK × (γ−1)]`` (frozen target
     embedding), RoPE positions p..p+γ−1 (context at its absolute positions), sees
     context positions < p and its whole block (bidirectional), never later context
-    nor other blocks.  γ inputs -> γ hidden states -> draft final norm -> target
+    nor other blocks.  With ``draft.anchor_feature`` (an ablation, off by default) every
+    block input also gets ``RMSNorm(Linear(features[p-1]))`` added, the latest target
+    feature fed straight in as Eagle3 does.  γ inputs -> γ hidden states -> draft final norm -> target
     LM head = base logits ``U_k`` predicting x_{p+k}, k = 1..γ.
 
 Training (`forward`)
@@ -70,6 +72,7 @@ class ParallelDrafter(Drafter):
         D, Ht = dims.hidden_size, self.target_hidden_size
         self.context = ContextProjector(self.feature_dim, D, dims.rms_eps)
         self.in_proj = nn.Linear(Ht, D, bias=False) if D != Ht else None
+        self.anchor_proj = ContextProjector(self.feature_dim, D, dims.rms_eps) if cfg.anchor_feature else None
         self.layers = nn.ModuleList(DraftLayer(dims) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(D, dims.rms_eps)
         self.out_proj = nn.Linear(D, Ht, bias=False) if D != Ht else None
@@ -84,8 +87,9 @@ class ParallelDrafter(Drafter):
         return context_kv(self.layers, self.context(features), positions)
 
     def _backbone(self, anchor_tokens: torch.Tensor, anchor_pos: torch.Tensor, ctx_kv: List[KV],
-                  mask: Optional[torch.Tensor]) -> torch.Tensor:
-        """anchor_tokens/pos [B, C] -> normed hidden [B, C, γ, D] of blocks [x_p, MASK...]."""
+                  mask: Optional[torch.Tensor], anchor_feat: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """anchor_tokens/pos [B, C] -> normed hidden [B, C, γ, D] of blocks [x_p, MASK...].
+        ``anchor_feat`` [B, C, D] (anchor-feature ablation) is added to all γ inputs of each block."""
         B, C = anchor_tokens.shape
         g = self.cfg.gamma
         ids = anchor_tokens.new_full((B, C, g), self.mask_token_id)
@@ -93,6 +97,8 @@ class ParallelDrafter(Drafter):
         x = self.embed(ids.reshape(B, C * g))
         if self.in_proj is not None:
             x = self.in_proj(x)
+        if anchor_feat is not None:
+            x = (x.reshape(B, C, g, -1) + anchor_feat.unsqueeze(2).to(x.dtype)).reshape(B, C * g, -1)
         pos = (anchor_pos.clamp(min=0).unsqueeze(-1) + torch.arange(g, device=x.device)).reshape(B, C * g)
         for layer, kv in zip(self.layers, ctx_kv):
             x, _ = layer(x, pos, prefix=kv, mask=mask)
@@ -139,11 +145,19 @@ class ParallelDrafter(Drafter):
         lengths = am.sum(1, keepdim=True)
         valid = (anchors >= 0) & (anchors + g < lengths) & _gather_pos(lm, span).all(-1)
         pos_prev = span[..., :g]                                                        # p+k-1 for k=1..γ
-        return SimpleNamespace(
+        feats = batch["features"].to(dev)
+        return SimpleNamespace(anchor_feat=self._anchor_feat(feats, anchors),
             ids=ids, am=am, anchors=anchors, valid=valid,
-            ctx_kv=self._context_kv(batch["features"].to(dev), torch.arange(T, device=dev).expand(B, T)),
+            ctx_kv=self._context_kv(feats, torch.arange(T, device=dev).expand(B, T)),
             tokens=_gather_pos(ids, pos_prev + 1), prev=_gather_pos(ids, pos_prev),
             tgt_hidden=_gather_pos(batch["last_hidden"].to(dev), pos_prev))
+
+    def _anchor_feat(self, features: torch.Tensor, anchors: torch.Tensor) -> Optional[torch.Tensor]:
+        """Anchor-feature ablation: projected features[p-1] per anchor [B, C, D] (zero where p = 0)."""
+        if self.anchor_proj is None:
+            return None
+        h = self.anchor_proj(_gather_pos(features, anchors - 1))
+        return h * (anchors > 0).unsqueeze(-1).to(h.dtype)
 
     def _chunk_loss(self, hn, tgt_hidden, tokens, prev, valid):
         lc = self.cfg.loss
@@ -169,7 +183,8 @@ class ParallelDrafter(Drafter):
         total, stats = None, None
         for s in range(0, N, step):
             a, sl = b.anchors[:, s:s + step], slice(s, s + step)
-            hn = self._backbone(_gather_pos(b.ids, a), a, b.ctx_kv, self._block_mask(a, b.am))
+            af = None if b.anchor_feat is None else b.anchor_feat[:, sl]
+            hn = self._backbone(_gather_pos(b.ids, a), a, b.ctx_kv, self._block_mask(a, b.am), af)
             num, st = checkpointed(self._chunk_loss, hn, b.tgt_hidden[:, sl], b.tokens[:, sl], b.prev[:, sl],
                                    b.valid[:, sl])
             total = num if total is None else total + num
@@ -189,7 +204,8 @@ class ParallelDrafter(Drafter):
         logits [B, N, γ, V] (fp32), confidence logits [B, N, γ] or None, the tokens they
         predict [B, N, γ], the target's hidden state for each [B, N, γ, H], valid [B, N]."""
         b = self._prepare(batch)
-        hn = self._backbone(_gather_pos(b.ids, b.anchors), b.anchors, b.ctx_kv, self._block_mask(b.anchors, b.am))
+        hn = self._backbone(_gather_pos(b.ids, b.anchors), b.anchors, b.ctx_kv, self._block_mask(b.anchors, b.am),
+                            b.anchor_feat)
         logits, conf = self._logits(hn, b.prev)
         return {"logits": logits, "confidence": conf, "tokens": b.tokens, "target_hidden": b.tgt_hidden,
                 "valid": b.valid}
@@ -210,6 +226,8 @@ class ParallelDrafter(Drafter):
             pos = torch.arange(L, L + tokens.shape[0], device=self.device).unsqueeze(0)
             new = self._context_kv(features.to(self.device).unsqueeze(0), pos)
             state.cache["ctx_kv"] = append_kv(state.cache["ctx_kv"], new)
+            if self.anchor_proj is not None:   # the latest feature row, for the next block's anchor_feat
+                state.cache["last_feature"] = features[-1:].to(self.device)
             state.tokens = torch.cat([state.tokens, tokens])
         return state
 
@@ -223,7 +241,10 @@ class ParallelDrafter(Drafter):
         ctx = state.cache["ctx_kv"] or None
         if ctx is None:  # empty prompt: no context keys
             ctx = [None] * len(self.layers)
-        hn = self._backbone(a, p, ctx, None)[0, 0, :gamma]                             # [γ, D]
+        af = None
+        if self.anchor_proj is not None and "last_feature" in state.cache:   # no context (empty prompt): none
+            af = self.anchor_proj(state.cache["last_feature"]).unsqueeze(0)   # [1, 1, D]
+        hn = self._backbone(a, p, ctx, None, af)[0, 0, :gamma]                             # [γ, D]
         base = self.lm_logits(self.out_proj(hn) if self.out_proj is not None else hn)  # [γ, V]
         if self.head is None and self.conf_head is None:
             probs = warp(base).float()

@@ -29,7 +29,9 @@ Not representable (no engine counterpart; `analyze` refuses them with a reason):
 embedding straight into draft layers and the draft's hidden straight into the target's
 LM head) and ``conf_head.w1`` (a confidence head that owns its own token embedding
 because there is no sequential head; the engines' confidence head either reads the
-Markov embedding or none).
+Markov embedding or none), and ``anchor_proj`` (the ``draft.anchor_feature`` ablation, which
+adds the latest target feature to every block input; the engines' parallel drafters see
+the target's features only as extra keys/values).
 """
 from __future__ import annotations
 
@@ -102,6 +104,8 @@ UNREPRESENTABLE = {
                         "target's token embedding straight into the draft layers",
     r"out_proj\.weight": "an output projection (draft hidden_size != target hidden_size): the engines apply the "
                          "target's LM head straight to the draft's hidden state",
+    r"anchor_proj\..+": "the anchor-feature ablation (draft.anchor_feature=true): the engines' drafters see the "
+                        "target's features only as extra keys/values",
     r"conf_head\.w1\.weight": "a confidence head with its own token embedding (there is no sequential head to "
                               "share one with): the engines' confidence head reads the Markov head's embedding "
                               "or the hidden state alone",

@@ -61,3 +61,13 @@ def test_render_picks_the_newest_full_record_by_its_date_not_its_file_name(tmp_p
     text = mod.render(None, tmp_path / "benchmarks.md").read_text()
     assert "reference-a-old.json" in text and "2026-01-02" in text
     assert "PARTIAL" not in text and "NEWER-BY-NAME" not in text
+
+
+def test_load_note_reports_the_recorded_load_or_says_none_was_recorded():
+    mod = _render_module()
+    rec = {"drafters": {"a": {}, "b": {"load_avg": None}}}
+    assert "did not capture" in mod._load_note(rec, ["a", "b"])
+    rec = {"drafters": {"a": {"load_avg": {"after_train": [1.04, 1.5, 1.2], "after_eval": [2.26, 2.0, 1.9]}},
+                        "b": {"load_avg": {"after_train": [0.97, 1.0, 1.0], "after_eval": [1.1, 1.0, 1.0]}}}}
+    note = mod._load_note(rec, ["a", "b"])
+    assert "1.0–2.3" in note and "did not capture" not in note

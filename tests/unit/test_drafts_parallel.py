@@ -10,6 +10,8 @@ ALGOS = {
     "dflash": dict(algorithm="dflash"),
     "dspark_markov": dict(algorithm="dspark", sequential_head="markov"),
     "dspark_rnn": dict(algorithm="dspark", sequential_head="rnn"),
+    # the anchor-feature ablation (draft.anchor_feature): same contracts as the published drafters
+    "dflash_anchor_feature": dict(algorithm="dflash", anchor_feature=True),
 }
 
 
@@ -59,7 +61,7 @@ def test_forward_shapes_metrics_and_frozen_target(tiny_target, name):
                                                            for k in range(1, G + 1)]:
         assert key in m and isinstance(m[key], float)
     assert 1.0 <= m["expected_tau"] <= G + 1
-    assert (m["conf_bce"] > 0) == (name != "dflash")
+    assert (m["conf_bce"] > 0) == (not name.startswith("dflash"))
     out["loss"].backward()
     # the target's embedding / LM head are neither parameters nor saved nor trained
     target_ptrs = {p.data_ptr() for p in t.model.parameters()}
@@ -69,6 +71,9 @@ def test_forward_shapes_metrics_and_frozen_target(tiny_target, name):
     assert all(p.grad is None for p in t.model.parameters())
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in d.parameters())
     assert d.context.fc.weight.grad.abs().sum() > 0 and d.layers[0].attn.q_proj.weight.grad.abs().sum() > 0
+    assert (d.anchor_proj is not None) == ("anchor_feature" in name)
+    if d.anchor_proj is not None:
+        assert d.anchor_proj.fc.weight.grad.abs().sum() > 0
     # per block: γ logits over the target vocabulary
     bl = d.block_logits(batch)
     assert bl["logits"].shape == (2, 4, G, t.vocab_size) and bl["logits"].dtype == torch.float32
@@ -163,7 +168,7 @@ def test_loss_and_metrics_by_hand(tiny_llama):
     assert m["expected_tau"] == pytest.approx(tau, abs=1e-5)
 
 
-@pytest.mark.parametrize("name", ["dflash", "dspark_rnn"])
+@pytest.mark.parametrize("name", ["dflash", "dspark_rnn", "dflash_anchor_feature"])
 def test_chunked_equals_unchunked(tiny_llama, name):
     t = tiny_llama
     results = []
@@ -203,7 +208,7 @@ def test_decoding_matches_training_forward(family, name, request):
     full = torch.cat([ids, prop.tokens])
     out = d.block_logits(make_batch(t, full, [[T]]))
     torch.testing.assert_close(prop.probs.log(), torch.log_softmax(out["logits"][0, 0], -1), atol=1e-4, rtol=0)
-    if name == "dflash":
+    if name.startswith("dflash"):
         assert prop.confidence is None
     else:
         torch.testing.assert_close(prop.confidence, torch.sigmoid(out["confidence"][0, 0]), atol=1e-5, rtol=0)

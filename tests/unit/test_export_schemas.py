@@ -101,8 +101,11 @@ def test_parameter_table_refuses_unknown_and_flags_unrepresentable():
         mapping.to_engine({"layers.0.attn.new_thing": torch.zeros(1)})
     with pytest.raises(KeyError, match="mystery"):
         mapping.from_engine({"mystery.weight": torch.zeros(1)})
-    bad = mapping.unrepresentable(["in_proj.weight", "out_proj.weight", "conf_head.w1.weight", "norm.weight"])
-    assert set(bad) == {"in_proj.weight", "out_proj.weight", "conf_head.w1.weight"}
+    bad = mapping.unrepresentable(["in_proj.weight", "out_proj.weight", "conf_head.w1.weight", "norm.weight",
+                                   "anchor_proj.fc.weight", "anchor_proj.norm.weight"])
+    assert set(bad) == {"in_proj.weight", "out_proj.weight", "conf_head.w1.weight", "anchor_proj.fc.weight",
+                        "anchor_proj.norm.weight"}
+    assert "anchor_feature" in bad["anchor_proj.fc.weight"]
 
 
 def test_target_flag_values_become_hydra_overrides():
