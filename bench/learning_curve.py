@@ -31,7 +31,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.reference import DRAFTERS, shared_overrides  # noqa: E402
+from bench.reference import DRAFTERS, prepare, shared_overrides  # noqa: E402
 
 KEYS = ("eval/expected_tau", "eval/accept_rate/1", "eval/accept_rate/2", "eval/ce", "eval/tv")
 
@@ -65,19 +65,6 @@ def parse_variants(specs, only, layers):
         out = [(name, name, []) for name in only]
     return [(label, d, ov if d == "eagle3" or any(o.startswith("draft.num_layers=") for o in ov)
              else ov + [f"draft.num_layers={layers}"]) for label, d, ov in out]
-
-
-def prepare(args, work: Path) -> dict:
-    """Regenerate and cache the work directory's data (each stage resumes what is already there)."""
-    from deepspec.cache.build import build_cache
-    from deepspec.config import load_config
-    from deepspec.engines.regen import regenerate
-    base = load_config(shared_overrides(args) + [f"run_dir={work / 'prepare'}"])
-    t = time.perf_counter()
-    regen = regenerate(base)
-    t1 = time.perf_counter()
-    build_cache(base, regen_path=regen)
-    return {"regenerate_s": t1 - t, "cache_s": time.perf_counter() - t1}
 
 
 def markdown(record) -> str:
@@ -146,7 +133,7 @@ def main(argv=None) -> int:
     if not (work / "cache").is_dir():
         if not args.prepare:
             raise SystemExit(f"{work / 'cache'}: no cache; pass --prepare, run bench/reference.py, or pass --work")
-        stages = prepare(args, work)
+        stages, _ = prepare(args, work)
     date = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     record = {"date": date, "command": " ".join([sys.executable, *sys.argv]), "args": vars(args),
               "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),

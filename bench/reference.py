@@ -53,6 +53,19 @@ def shared_overrides(args) -> list:
             "eval.data_dir=" + str(REPO.parent / "shared" / "eval_datasets"), *args.extra]
 
 
+def prepare(args, work: Path):
+    """Regenerate and cache the work directory's data (each stage resumes what is already there):
+    ({regenerate_s, cache_s}, cache path)."""
+    from deepspec.cache.build import build_cache
+    from deepspec.engines.regen import regenerate
+    base = _cfg(shared_overrides(args) + [f"run_dir={work / 'prepare'}"])
+    t = time.perf_counter()
+    regen = regenerate(base)
+    t1 = time.perf_counter()
+    cache = build_cache(base, regen_path=regen)
+    return {"regenerate_s": t1 - t, "cache_s": time.perf_counter() - t1}, cache
+
+
 def _cfg(overrides):
     from deepspec.config import load_config
     return load_config(overrides)
@@ -72,8 +85,6 @@ def main(argv=None) -> int:
     p.add_argument("--extra", nargs="*", default=[], help="extra Hydra overrides for every stage")
     args = p.parse_args(argv)
 
-    from deepspec.cache.build import build_cache
-    from deepspec.engines.regen import regenerate
     from deepspec.eval.runner import run as run_eval
     from deepspec.train.loop import run as run_train
 
@@ -98,13 +109,7 @@ def main(argv=None) -> int:
     record["machine"]["torch"] = torch.__version__
     record["machine"]["threads"] = torch.get_num_threads()
 
-    base = _cfg(shared + [f"run_dir={work / 'prepare'}"])
-    t = time.perf_counter()
-    regen = regenerate(base)
-    record["stages"]["regenerate_s"] = time.perf_counter() - t
-    t = time.perf_counter()
-    cache = build_cache(base, regen_path=regen)
-    record["stages"]["cache_s"] = time.perf_counter() - t
+    record["stages"], cache = prepare(args, work)
     from deepspec.cache.reader import CacheReader
     reader = CacheReader(cache)
     m = reader.manifest
