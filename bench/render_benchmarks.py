@@ -43,7 +43,6 @@ def _heldout(entry: dict, rows: List[dict]) -> dict | None:
     return row or (last if "eval/expected_tau" in last else None)
 
 
-
 def _load_note(rec: dict, drafters: list[str]) -> str:
     """What the record says about machine load during sections 3-4 (older records did not capture it)."""
     tail = ("Wall-clock figures on 2 cores move 2–3× with load, so compare within a row (spec vs plain of the "
@@ -55,6 +54,7 @@ def _load_note(rec: dict, drafters: list[str]) -> str:
     one_min = [x[0] for x in loads]
     return (f"1-minute load average after each drafter's training and eval: {min(one_min):.1f}–{max(one_min):.1f}. "
             + tail)
+
 
 def render(result_path: Path | None = None, out: Path | None = None) -> Path:
     # newest by the date each record states (file names only carry the day and the work dir)

@@ -61,3 +61,16 @@ def reference_target_dir():
     """The real SmolLM2-135M-Instruct, converted once (slow tests only)."""
     from deepspec.targets.reference import fetch_reference
     return fetch_reference("smollm2-135m")
+
+
+@pytest.fixture
+def bench_module():
+    """Import a `bench/` script as a module (the scripts are benchmarks, not part of the package)."""
+    import importlib
+    import sys
+
+    def load(name: str):
+        if str(REPO) not in sys.path:
+            sys.path.insert(0, str(REPO))
+        return importlib.import_module(f"bench.{name}")
+    return load

@@ -146,11 +146,12 @@ class ParallelDrafter(Drafter):
         valid = (anchors >= 0) & (anchors + g < lengths) & _gather_pos(lm, span).all(-1)
         pos_prev = span[..., :g]                                                        # p+k-1 for k=1..γ
         feats = batch["features"].to(dev)
-        return SimpleNamespace(anchor_feat=self._anchor_feat(feats, anchors),
+        return SimpleNamespace(
             ids=ids, am=am, anchors=anchors, valid=valid,
             ctx_kv=self._context_kv(feats, torch.arange(T, device=dev).expand(B, T)),
             tokens=_gather_pos(ids, pos_prev + 1), prev=_gather_pos(ids, pos_prev),
-            tgt_hidden=_gather_pos(batch["last_hidden"].to(dev), pos_prev))
+            tgt_hidden=_gather_pos(batch["last_hidden"].to(dev), pos_prev),
+            anchor_feat=self._anchor_feat(feats, anchors))
 
     def _anchor_feat(self, features: torch.Tensor, anchors: torch.Tensor) -> Optional[torch.Tensor]:
         """Anchor-feature ablation: projected features[p-1] per anchor [B, C, D] (zero where p = 0)."""
@@ -244,7 +245,7 @@ class ParallelDrafter(Drafter):
         af = None
         if self.anchor_proj is not None and "last_feature" in state.cache:   # no context (empty prompt): none
             af = self.anchor_proj(state.cache["last_feature"]).unsqueeze(0)   # [1, 1, D]
-        hn = self._backbone(a, p, ctx, None, af)[0, 0, :gamma]                             # [γ, D]
+        hn = self._backbone(a, p, ctx, None, af)[0, 0, :gamma]                         # [γ, D]
         base = self.lm_logits(self.out_proj(hn) if self.out_proj is not None else hn)  # [γ, V]
         if self.head is None and self.conf_head is None:
             probs = warp(base).float()

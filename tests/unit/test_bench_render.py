@@ -1,20 +1,12 @@
 """bench/render_benchmarks.py: docs/benchmarks.md must not depend on the run's scratch directory."""
-import importlib.util
 import json
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _render_module():
-    spec = importlib.util.spec_from_file_location("render_benchmarks", REPO / "bench" / "render_benchmarks.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_train_rate_skips_warmup_and_reports_last_step():
-    mod = _render_module()
+def test_train_rate_skips_warmup_and_reports_last_step(bench_module):
+    mod = bench_module("render_benchmarks")
     rows = [{"step": s, "tokens": 100, "step_time_s": 10.0 if s == 1 else 1.0, "tokens_per_s": 0,
              "train/loss": 3.0 - s * 0.1, "train/expected_tau": 1.0 + s / 100} for s in range(1, 11)]
     rows.append({"step": 10, "eval/expected_tau": 1.2})
@@ -23,8 +15,8 @@ def test_train_rate_skips_warmup_and_reports_last_step():
     assert abs(t["loss"] - 2.0) < 1e-9 and abs(t["expected_tau"] - 1.1) < 1e-9
 
 
-def test_render_without_work_dir_uses_the_record(tmp_path):
-    mod = _render_module()
+def test_render_without_work_dir_uses_the_record(tmp_path, bench_module):
+    mod = bench_module("render_benchmarks")
     rec = json.loads(sorted((REPO / "bench" / "results").glob("reference-*.json"))[-1].read_text())
     rec["args"]["work"] = str(tmp_path / "deleted")              # scratch dir gone, as after a real run
     mod.REPO = tmp_path                                           # render() names the file relative to REPO
@@ -41,8 +33,8 @@ def test_render_without_work_dir_uses_the_record(tmp_path):
             assert f"| {name} | {summary['steps']} | {summary['tokens_per_s']:.0f} |" in text
 
 
-def test_render_picks_the_newest_full_record_by_its_date_not_its_file_name(tmp_path):
-    mod = _render_module()
+def test_render_picks_the_newest_full_record_by_its_date_not_its_file_name(tmp_path, bench_module):
+    mod = bench_module("render_benchmarks")
     full = next(r for r in sorted((REPO / "bench" / "results").glob("reference-*.json"))
                 if set(mod.ORDER) <= set(json.loads(r.read_text())["drafters"]))
     rec = json.loads(full.read_text())
@@ -63,8 +55,8 @@ def test_render_picks_the_newest_full_record_by_its_date_not_its_file_name(tmp_p
     assert "PARTIAL" not in text and "NEWER-BY-NAME" not in text
 
 
-def test_load_note_reports_the_recorded_load_or_says_none_was_recorded():
-    mod = _render_module()
+def test_load_note_reports_the_recorded_load_or_says_none_was_recorded(bench_module):
+    mod = bench_module("render_benchmarks")
     rec = {"drafters": {"a": {}, "b": {"load_avg": None}}}
     assert "did not capture" in mod._load_note(rec, ["a", "b"])
     rec = {"drafters": {"a": {"load_avg": {"after_train": [1.04, 1.5, 1.2], "after_eval": [2.26, 2.0, 1.9]}},
