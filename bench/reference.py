@@ -36,7 +36,7 @@ DRAFTERS = {
 }
 # Arguments that must match for a later `--only` run to join an earlier result file.
 SHARED_ARGS = ("work", "samples", "max_new_tokens", "steps", "anchors", "layers", "eval_samples",
-               "eval_new_tokens", "extra")
+               "eval_new_tokens", "extra", "sampled_temperatures")
 DOMAIN_BENCHES = ["gsm8k", "math500", "humaneval", "mbpp", "mt-bench", "arena-hard-v2"]
 
 
@@ -82,6 +82,9 @@ def main(argv=None) -> int:
     p.add_argument("--eval-samples", type=int, default=4, help="prompts per benchmark")
     p.add_argument("--eval-new-tokens", type=int, default=128)
     p.add_argument("--only", nargs="*", default=list(DRAFTERS), help="subset of drafters")
+    p.add_argument("--sampled-temperatures", nargs="*", type=float, default=[1.0],
+                   help="eval again at these temperatures (the paper and DeepSpec report τ at T = 1.0; "
+                        "the greedy eval stays the losslessness check)")
     p.add_argument("--extra", nargs="*", default=[], help="extra Hydra overrides for every stage")
     args = p.parse_args(argv)
 
@@ -133,6 +136,13 @@ def main(argv=None) -> int:
         eval_s = time.perf_counter() - t
         from deepspec.paths import eval_dir
         results = json.loads((eval_dir(cfg) / "results.json").read_text())
+        sampled = {}
+        for temp in args.sampled_temperatures:
+            cfg.eval.temperature, cfg.eval.out_dir = float(temp), str(work / name / f"eval_T{temp:g}")
+            t = time.perf_counter()
+            run_eval(cfg)
+            eval_s += time.perf_counter() - t
+            sampled[f"{temp:g}"] = json.loads((eval_dir(cfg) / "results.json").read_text())
         metrics = [json.loads(l) for l in (work / name / "metrics.jsonl").read_text().splitlines() if l.strip()] \
             if (work / name / "metrics.jsonl").is_file() else []
         record["drafters"][name] = {"checkpoint": str(ckpt), "train_s": train_s, "eval_s": eval_s,
@@ -140,7 +150,7 @@ def main(argv=None) -> int:
                                     "load_avg": {"after_train": load_after_train, "after_eval": os.getloadavg()},
                                     "train_last_metrics": metrics[-1] if metrics else None,
                                     "train_summary": _train_rate(metrics),
-                                    "eval": results}
+                                    "eval": results, "eval_sampled": sampled}
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(record, indent=2, default=str))
     if "joined_stages" in record:

@@ -82,7 +82,8 @@ def render(result_path: Path | None = None, out: Path | None = None) -> Path:
                     f"- training: {rec['args']['steps']} steps per drafter, depth {rec['args']['layers']} "
                     "(Eagle3: 1 layer), same seed and batch",
                     f"- eval: {rec['args']['eval_samples']} prompts per benchmark, ≤ {rec['args']['eval_new_tokens']} "
-                    "new tokens, greedy, γ = 7, τ counts the bonus token", ""]
+                    "new tokens, greedy (plus a sampled eval at the temperatures the rows name), γ = 7, "
+                    "τ counts the bonus token", ""]
     benches = sorted({b for e in evals.values() for b in e["benchmarks"]})
     L += ["## 1. Draft quality: acceptance length τ", "",
           "| benchmark | domain | " + " | ".join(drafters) + " |", "|---|---|" + "---|" * len(drafters)]
@@ -94,6 +95,11 @@ def render(result_path: Path | None = None, out: Path | None = None) -> Path:
     for dm in doms:
         L.append(f"| **{dm} (macro)** | | " + " | ".join(_f(evals[d]["domains"].get(dm, {}).get("tau")) for d in drafters) + " |")
     L.append("| **overall (macro)** | | " + " | ".join(_f(evals[d]["overall"].get("tau")) for d in drafters) + " |")
+    temps = sorted({t for d in drafters for t in (rec["drafters"][d].get("eval_sampled") or {})}, key=float)
+    for temp in temps:   # the paper's and DeepSpec's τ are at T = 1 (sampling); the rows above are greedy
+        L.append(f"| **overall (macro), T = {temp}** | | " + " | ".join(
+            _f(((rec["drafters"][d].get("eval_sampled") or {}).get(temp) or {}).get("overall", {}).get("tau"))
+            for d in drafters) + " |")
     L.append("")
     if "dspark_markov" in evals:
         ds = evals["dspark_markov"]["overall"]["tau"]

@@ -166,8 +166,7 @@ def _heldout_on(cache_dir, cfg, ckpt, target) -> Optional[Dict[str, Any]]:
         return None
     drafter = load_drafter(ckpt, target)
     drafter.eval()
-    span = int(getattr(drafter, "anchor_span", None) or drafter.cfg.gamma)
-    batch = build_micro_batch(source, [(-1, i) for i in held], span, tc.anchors_per_sequence, cfg.seed)
+    batch = build_micro_batch(source, [(-1, i) for i in held], tc.anchors_per_sequence, cfg.seed)
     with torch.no_grad():
         m = drafter(batch)["metrics"]
     g = drafter.cfg.gamma

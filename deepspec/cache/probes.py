@@ -105,11 +105,10 @@ def _probe_train(target, cfg, captured, max_anchors: int = 64, repeats: int = 3)
     from ..train.data import collate
     drafter = build_drafter(target, cfg.draft)
     drafter.train()
-    gamma = int(cfg.draft.gamma)
     A = int(cfg.train.anchors_per_sequence)
     A = max_anchors if A <= 0 else min(A, max_anchors)
     samples = captured[: max(1, min(2, int(cfg.train.micro_batch_sequences), len(captured)))]
-    anchors = [sample_anchors(s["loss_mask"], gamma, A, seed=i) for i, s in enumerate(samples)]
+    anchors = [sample_anchors(s["loss_mask"], A, seed=i) for i, s in enumerate(samples)]
     n_anchors = sum(int(a.numel()) for a in anchors)
     if n_anchors == 0:
         raise ValueError("no valid anchor in the probe samples")

@@ -8,7 +8,9 @@ from typing import Optional
 @dataclass
 class LossConfig:
     ce_weight: float = 0.1
-    tv_weight: float = 0.9
+    # Weight of the distribution term L1 = Σ_v |q(v) − p(v)| = 2·TV(q, p), as in the DSpark paper
+    # (eq. 10) and DeepSpec's loss; the logged `tv` metric stays ½·L1 (the rejection probability).
+    l1_weight: float = 0.9
     conf_weight: float = 1.0
     # Position weight w_k = exp(-k / decay) with k counted from 0 (DeepSpec);
     # decay <= 0 disables the decay (all weights 1).

@@ -11,7 +11,7 @@ class TrainConfig:
     lr: float = 6e-4
     weight_decay: float = 0.0
     betas_1: float = 0.9
-    betas_2: float = 0.95
+    betas_2: float = 0.999   # torch AdamW default, what DeepSpec trains with (utils/optim.py)
     warmup_ratio: float = 0.04
     min_lr_ratio: float = 0.0
     epochs: int = 10

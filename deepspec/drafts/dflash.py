@@ -3,7 +3,7 @@
 One class, one code path.  "dspark" builds it with the configured heads;
 "dflash" is registered as the same class with both heads forced off.  Loss
 weights always come from ``cfg.loss`` (conf/draft/dflash.yaml sets DFlash's CE 1.0,
-TV 0; the dataclass defaults are DSpark's 0.1 / 0.9 / 1.0).
+L1 0; the dataclass defaults are DSpark's CE 0.1, L1 0.9, confidence 1.0).
 
 Backbone
     ``H_ctx = RMSNorm(Linear(features))``; each draft layer attends to
@@ -22,9 +22,11 @@ Training (`forward`)
     ``chunk_size // B`` anchor columns per chunk): queries = chunk blocks, keys =
     ``[context ; chunk blocks]`` with a mask (blocks never see each other, so
     chunking is exact).  The per-chunk loss runs under activation checkpointing.
-    A block counts only if it is valid per CONTRACTS.md (p >= 0, p+γ < length,
-    loss_mask[p..p+γ] all true); others are ignored (metric ``blocks`` counts the
-    valid ones).
+    As in the reference, a block counts when its anchor and first target are answer
+    tokens (p >= 0, p+1 < length, loss_mask[p] and loss_mask[p+1]); position k is
+    supervised while x_{p+1..p+k} all lie inside the sequence and the answer (a block
+    cut by the end of the answer is trained as a prefix).  Metric ``blocks`` counts
+    the valid blocks.  The distance term is the reference's L1 = Σ|q − p| (= 2·TV).
 
 Decoding
     `init_state` projects the prompt's context K/V for every layer and caches it;
@@ -131,7 +133,9 @@ class ParallelDrafter(Drafter):
     # -- training -----------------------------------------------------------------------------
     def _prepare(self, batch: Dict[str, torch.Tensor]) -> SimpleNamespace:
         """Everything a training/teacher-forced pass needs, gathered per anchor (k = 1..γ):
-        tokens x_{p+k}, teacher inputs x_{p+k-1}, target hidden last_hidden[p+k-1], validity."""
+        tokens x_{p+k}, teacher inputs x_{p+k-1}, target hidden last_hidden[p+k-1], and
+        ``valid_pos`` [B, N, γ]: position k is supervised (a prefix of each block; ``valid`` =
+        its first position)."""
         dev = self.device
         ids = batch["input_ids"].to(dev)
         B, T = ids.shape
@@ -142,12 +146,13 @@ class ParallelDrafter(Drafter):
         anchors = batch["anchors"].to(dev).long()
         g = self.cfg.gamma
         span = anchors.unsqueeze(-1) + torch.arange(g + 1, device=dev)                 # p .. p+γ
-        lengths = am.sum(1, keepdim=True)
-        valid = (anchors >= 0) & (anchors + g < lengths) & _gather_pos(lm, span).all(-1)
+        lengths = am.sum(1).view(B, 1, 1)
+        ok = (anchors >= 0).unsqueeze(-1) & (span < lengths) & _gather_pos(lm, span)    # [B, N, γ+1]
+        valid_pos = ok[..., :1] & torch.cumprod(ok[..., 1:].int(), dim=-1).bool()      # prefix of k = 1..γ
         pos_prev = span[..., :g]                                                        # p+k-1 for k=1..γ
         feats = batch["features"].to(dev)
         return SimpleNamespace(
-            ids=ids, am=am, anchors=anchors, valid=valid,
+            ids=ids, am=am, anchors=anchors, valid=valid_pos[..., 0], valid_pos=valid_pos,
             ctx_kv=self._context_kv(feats, torch.arange(T, device=dev).expand(B, T)),
             tokens=_gather_pos(ids, pos_prev + 1), prev=_gather_pos(ids, pos_prev),
             tgt_hidden=_gather_pos(batch["last_hidden"].to(dev), pos_prev),
@@ -160,26 +165,25 @@ class ParallelDrafter(Drafter):
         h = self.anchor_proj(_gather_pos(features, anchors - 1))
         return h * (anchors > 0).unsqueeze(-1).to(h.dtype)
 
-    def _chunk_loss(self, hn, tgt_hidden, tokens, prev, valid):
+    def _chunk_loss(self, hn, tgt_hidden, tokens, prev, valid_pos):
         lc = self.cfg.loss
         logits, conf = self._logits(hn, prev)
         with torch.no_grad():
             tgt_logits = self.lm_logits(tgt_hidden)
         terms = token_terms(logits, tgt_logits, tokens, conf)
-        per = lc.ce_weight * terms["ce"] + lc.tv_weight * terms["tv"]
+        per = lc.ce_weight * terms["ce"] + lc.l1_weight * (2.0 * terms["tv"])    # L1 = Σ|q − p| = 2·TV
         if conf is not None:  # always in the graph (weight 0 included): no unused parameters under DDP
             per = per + lc.conf_weight * terms["bce"]
         w = position_weights(self.cfg.gamma, lc.position_decay, hn.device)
-        vm = valid.unsqueeze(-1).expand_as(per)
-        num = (per * w * vm).sum()
-        return num, stat_sums(terms, vm)
+        num = (per * w * valid_pos).sum()
+        return num, stat_sums(terms, valid_pos)
 
     def forward(self, batch: Dict[str, torch.Tensor]) -> Dict[str, object]:
         b = self._prepare(batch)
         B, N = b.anchors.shape
         g = self.cfg.gamma
         w = position_weights(g, self.cfg.loss.position_decay, b.ids.device)
-        denom = (b.valid.sum() * w.sum()).clamp(min=1e-8)
+        denom = (b.valid_pos * w).sum().clamp(min=1e-8)
         step = max(1, self.cfg.loss.chunk_size // max(B, 1)) if self.cfg.loss.chunk_size > 0 else N
         total, stats = None, None
         for s in range(0, N, step):
@@ -187,7 +191,7 @@ class ParallelDrafter(Drafter):
             af = None if b.anchor_feat is None else b.anchor_feat[:, sl]
             hn = self._backbone(_gather_pos(b.ids, a), a, b.ctx_kv, self._block_mask(a, b.am), af)
             num, st = checkpointed(self._chunk_loss, hn, b.tgt_hidden[:, sl], b.tokens[:, sl], b.prev[:, sl],
-                                   b.valid[:, sl])
+                                   b.valid_pos[:, sl])
             total = num if total is None else total + num
             stats = st if stats is None else stats + st
         if total is None:  # no anchor columns at all
@@ -203,13 +207,14 @@ class ParallelDrafter(Drafter):
     def block_logits(self, batch: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
         """Teacher-forced pass over all anchors at once (no chunking), as in training:
         logits [B, N, γ, V] (fp32), confidence logits [B, N, γ] or None, the tokens they
-        predict [B, N, γ], the target's hidden state for each [B, N, γ, H], valid [B, N]."""
+        predict [B, N, γ], the target's hidden state for each [B, N, γ, H], valid blocks [B, N] and
+        supervised positions ``valid_pos`` [B, N, γ]."""
         b = self._prepare(batch)
         hn = self._backbone(_gather_pos(b.ids, b.anchors), b.anchors, b.ctx_kv, self._block_mask(b.anchors, b.am),
                             b.anchor_feat)
         logits, conf = self._logits(hn, b.prev)
         return {"logits": logits, "confidence": conf, "tokens": b.tokens, "target_hidden": b.tgt_hidden,
-                "valid": b.valid}
+                "valid": b.valid, "valid_pos": b.valid_pos}
 
     # -- decoding -------------------------------------------------------------------------------
     @torch.no_grad()

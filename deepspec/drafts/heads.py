@@ -10,8 +10,8 @@ Sequential heads add a prefix-dependent bias to the backbone's base logits
 
 Position k's bias depends on the block only through x_{<k} (and h_k).  In
 training x_{k-1} is the true token (teacher forcing); in decoding it is the token
-just sampled.  Both paths call the same `step`, so they agree exactly.  W2 starts
-at zero, so a fresh head leaves the backbone's logits unchanged.
+just sampled.  Both paths call the same `step`, so they agree exactly.  Every head
+weight starts as in the reference (DeepSpec's ``_init_weights``): N(0, 0.02), biases 0.
 
 Confidence head: ``c_k = σ(wᵀ[h_k; W1[x_{k-1}]])`` (returned as a logit; it shares
 W1 with the sequential head, or owns one when there is none).
@@ -23,6 +23,15 @@ from typing import Optional, Tuple
 import torch
 from torch import nn
 
+# The reference's initializer_range (HF ``_init_weights``: Linear and Embedding ~ N(0, 0.02)).
+INIT_STD = 0.02
+
+
+def _init_linear(m: nn.Linear) -> None:
+    nn.init.normal_(m.weight, std=INIT_STD)
+    if m.bias is not None:
+        nn.init.zeros_(m.bias)
+
 
 class SequentialHead(nn.Module):
     """Base: token embedding W1 and output matrix W2; subclasses define `step`."""
@@ -32,8 +41,9 @@ class SequentialHead(nn.Module):
         super().__init__()
         self.rank = rank
         self.w1 = nn.Embedding(vocab_size, rank)
-        nn.init.normal_(self.w1.weight, std=rank ** -0.5)
-        self.w2 = nn.Parameter(torch.zeros(rank, vocab_size))
+        self.w2 = nn.Parameter(torch.empty(rank, vocab_size))
+        nn.init.normal_(self.w1.weight, std=INIT_STD)
+        nn.init.normal_(self.w2, std=INIT_STD)
 
     def init_state(self, n: int, ref: torch.Tensor) -> Optional[torch.Tensor]:
         return None
@@ -73,6 +83,7 @@ class RNNHead(SequentialHead):
     def __init__(self, vocab_size: int, hidden_size: int, rank: int):
         super().__init__(vocab_size, hidden_size, rank)
         self.cell = nn.Linear(2 * rank + hidden_size, 3 * rank)
+        _init_linear(self.cell)
 
     def init_state(self, n, ref):
         return torch.zeros(n, self.rank, device=ref.device, dtype=ref.dtype)
@@ -105,8 +116,9 @@ class ConfidenceHead(nn.Module):
         self.w1 = None
         if vocab_size is not None:
             self.w1 = nn.Embedding(vocab_size, rank)
-            nn.init.normal_(self.w1.weight, std=rank ** -0.5)
+            nn.init.normal_(self.w1.weight, std=INIT_STD)
         self.proj = nn.Linear(hidden_size + rank, 1)
+        _init_linear(self.proj)
 
     def forward(self, h: torch.Tensor, e: Optional[torch.Tensor] = None,
                 prev: Optional[torch.Tensor] = None) -> torch.Tensor:

@@ -1,10 +1,12 @@
 """Anchor positions: where training blocks start (see docs/CONTRACTS.md, "Block semantics").
 
-A block anchored at position ``p`` feeds ``x_p`` and predicts ``x_{p+1} … x_{p+γ}``, so ``p`` is a
-valid anchor when ``loss_mask[p..p+γ]`` are all true and ``p + γ < length``.  Each sequence gets
-up to ``N`` anchors drawn uniformly without replacement among its valid positions, from a generator
-seeded by ``(seed, epoch, sample index)`` only — so a sample gets the same anchors whatever the
-world size, rank, worker or resume point.
+A block anchored at position ``p`` feeds ``x_p`` and predicts ``x_{p+1} … x_{p+γ}``.  As in the
+reference implementation, ``p`` is a valid anchor when ``x_p`` and ``x_{p+1}`` are both answer
+tokens (``loss_mask[p]`` and ``loss_mask[p+1]``) and ``p + 1 < length``; a block cut by the end of
+the answer or of the sequence is supervised as a prefix (the drafter masks its later positions).
+Each sequence gets up to ``N`` anchors drawn uniformly without replacement among its valid
+positions, from a generator seeded by ``(seed, epoch, sample index)`` only — so a sample gets the
+same anchors whatever the world size, rank, worker or resume point.
 """
 from __future__ import annotations
 
@@ -14,18 +16,14 @@ import numpy as np
 import torch
 
 
-def valid_anchor_mask(loss_mask: torch.Tensor, span: int, length: Optional[int] = None) -> torch.Tensor:
-    """Bool[T]: position p is a valid anchor for blocks of ``span`` (= γ) predicted tokens."""
-    if span < 1:
-        raise ValueError(f"anchor span (gamma) must be >= 1, got {span}")
+def valid_anchor_mask(loss_mask: torch.Tensor, length: Optional[int] = None) -> torch.Tensor:
+    """Bool[T]: position p is a valid anchor (loss_mask[p] and loss_mask[p+1], p + 1 < length)."""
     mask = loss_mask.bool().reshape(-1)
     T = mask.numel() if length is None else int(length)
     mask = mask[:T]
     out = torch.zeros(mask.numel(), dtype=torch.bool)
-    if T <= span:
-        return out
-    # window [p, p+span] (span+1 positions) all true; p ranges over 0..T-span-1 so p+span < T
-    out[: T - span] = mask.unfold(0, span + 1, 1).all(dim=-1)
+    if T >= 2:
+        out[: T - 1] = mask[:-1] & mask[1:]
     return out
 
 
@@ -37,12 +35,12 @@ def anchor_seed(seed: int, epoch: int, index: int) -> int:
     return (lo | (hi << 32)) & ((1 << 63) - 1)
 
 
-def sample_anchors(loss_mask: torch.Tensor, span: int, max_anchors: Optional[int], seed: int,
+def sample_anchors(loss_mask: torch.Tensor, max_anchors: Optional[int], seed: int,
                    length: Optional[int] = None) -> torch.Tensor:
     """Sorted LongTensor[n] (n <= max_anchors) of anchors drawn uniformly among the valid ones.
 
     ``max_anchors`` None or <= 0 keeps every valid position."""
-    valid = valid_anchor_mask(loss_mask, span, length).nonzero().reshape(-1)
+    valid = valid_anchor_mask(loss_mask, length).nonzero().reshape(-1)
     if max_anchors is None or max_anchors <= 0 or valid.numel() <= max_anchors:
         return valid
     g = torch.Generator().manual_seed(seed)

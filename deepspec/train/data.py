@@ -273,11 +273,11 @@ class MicroBatches(torch.utils.data.Dataset):
     """
 
     def __init__(self, source, plan: GlobalBatchPlan, rank: int, start_step: int, start_consumed: int,
-                 num_steps: int, span: int, anchors_per_sequence: Optional[int], seed: int,
+                 num_steps: int, anchors_per_sequence: Optional[int], seed: int,
                  pad_to_multiple_of: int = 1):
         self.source, self.plan, self.rank = source, plan, rank
         self.start_step, self.start_consumed, self.num_steps = start_step, start_consumed, num_steps
-        self.span, self.anchors_per_sequence, self.seed = span, anchors_per_sequence, seed
+        self.anchors_per_sequence, self.seed = anchors_per_sequence, seed
         self.pad_to_multiple_of = pad_to_multiple_of
 
     def __len__(self) -> int:
@@ -289,14 +289,14 @@ class MicroBatches(torch.utils.data.Dataset):
     def __getitem__(self, j: int) -> Dict[str, torch.Tensor]:
         k, a = divmod(int(j), self.plan.accum)
         ref = self.plan.micro_batches(self.consumed_at(self.start_step + k), self.rank)[a]
-        return build_micro_batch(self.source, ref.items, self.span, self.anchors_per_sequence, self.seed,
+        return build_micro_batch(self.source, ref.items, self.anchors_per_sequence, self.seed,
                                  self.pad_to_multiple_of)
 
 
-def build_micro_batch(source, items: Sequence[Tuple[int, int]], span: int, anchors_per_sequence: Optional[int],
+def build_micro_batch(source, items: Sequence[Tuple[int, int]], anchors_per_sequence: Optional[int],
                       seed: int, pad_to_multiple_of: int = 1) -> Dict[str, torch.Tensor]:
     samples = [source[i] for _, i in items]
-    anchors = [sample_anchors(s["loss_mask"], span, anchors_per_sequence, anchor_seed(seed, e, i))
+    anchors = [sample_anchors(s["loss_mask"], anchors_per_sequence, anchor_seed(seed, e, i))
                for s, (e, i) in zip(samples, items)]
     return collate(samples, anchors, pad_to_multiple_of)
 

@@ -76,7 +76,6 @@ class Trainer:
         self.target = load_target(cfg.target, device=str(env.device))
         torch.manual_seed(cfg.seed)
         self.drafter = build_drafter(self.target, cfg.draft)
-        self.span = int(getattr(self.drafter, "anchor_span", None) or self.drafter.cfg.gamma)
 
         # -- data ---------------------------------------------------------------------------------
         self.online = bool(cfg.data.online)
@@ -203,7 +202,7 @@ class Trainer:
     def _loader(self):
         tc = self.cfg.train
         ds = MicroBatches(self.source, self.plan, self.env.rank, self.step, self.consumed,
-                          self.total_steps - self.step, self.span, tc.anchors_per_sequence, self.cfg.seed,
+                          self.total_steps - self.step, tc.anchors_per_sequence, self.cfg.seed,
                           tc.pad_to_multiple_of)
         return torch.utils.data.DataLoader(ds, batch_size=None, shuffle=False, num_workers=tc.num_workers,
                                            pin_memory=self.env.device.type == "cuda",
@@ -303,7 +302,7 @@ class Trainer:
         acc = _Accumulator()
         try:
             for items, weight in chunks:
-                batch = build_micro_batch(self.source, items, self.span, tc.anchors_per_sequence, self.cfg.seed,
+                batch = build_micro_batch(self.source, items, tc.anchors_per_sequence, self.cfg.seed,
                                           tc.pad_to_multiple_of)
                 with self._autocast():
                     out = self.strategy.forward(self._to_device(batch))

@@ -61,8 +61,8 @@ def test_same_batch_same_loss_cached_and_online(cached):
     for i in (0, 3, 5, 8):
         assert torch.equal(cache_src[i]["input_ids"], online_src[i]["input_ids"])
         assert torch.equal(cache_src[i]["loss_mask"], online_src[i]["loss_mask"])
-    b_cache = build_micro_batch(cache_src, items, 3, 6, seed=0)
-    b_online = OnlineFeatures(target)(build_micro_batch(online_src, items, 3, 6, seed=0))
+    b_cache = build_micro_batch(cache_src, items, 6, seed=0)
+    b_online = OnlineFeatures(target)(build_micro_batch(online_src, items, 6, seed=0))
     assert torch.equal(b_cache["anchors"], b_online["anchors"]) and b_cache["anchors"].ge(0).any()
     for k in ("features", "last_hidden"):
         assert b_cache[k].dtype == b_online[k].dtype == torch.bfloat16

@@ -12,7 +12,7 @@ from deepspec.drafts import build_drafter
 
 G = 4
 CASES = {
-    "dflash": dict(algorithm="dflash", loss=LossConfig(ce_weight=1.0, tv_weight=0.0, conf_weight=0.0)),
+    "dflash": dict(algorithm="dflash", loss=LossConfig(ce_weight=1.0, l1_weight=0.0, conf_weight=0.0)),
     "dspark_markov": dict(algorithm="dspark", sequential_head="markov"),
     "dspark_rnn": dict(algorithm="dspark", sequential_head="rnn"),
     "eagle3": dict(algorithm="eagle3", ttt_steps=3),

@@ -29,7 +29,7 @@ def target():
 
 
 def _trained(target, algorithm, seed=0, **kw):
-    """A drafter with every parameter moved off its init (the Markov W2 starts at zero)."""
+    """A drafter with every parameter moved off its init."""
     torch.manual_seed(seed)
     d = build_drafter(target, DraftConfig(algorithm=algorithm, num_layers=1, gamma=4, head_rank=8, **kw))
     with torch.no_grad():

@@ -107,11 +107,11 @@ def test_micro_batches_resume_and_world_size_give_the_same_batches():
     src = ListSource(n=20)
     idx = list(range(20))
     G, M = 4, 2
-    full = MicroBatches(src, GlobalBatchPlan(idx, G, M, 1, 0, src.lengths()), 0, 0, 0, 10, 3, 4, seed=0)
+    full = MicroBatches(src, GlobalBatchPlan(idx, G, M, 1, 0, src.lengths()), 0, 0, 0, 10, 4, seed=0)
     assert len(full) == 10 * 2
     # resumed at step 6 (24 sequences consumed) on 2 ranks: rank r holds micro-batch r of each step
     for r in range(2):
-        part = MicroBatches(src, GlobalBatchPlan(idx, G, M, 2, 0, src.lengths()), r, 6, 24, 4, 3, 4, seed=0)
+        part = MicroBatches(src, GlobalBatchPlan(idx, G, M, 2, 0, src.lengths()), r, 6, 24, 4, 4, seed=0)
         assert len(part) == 4
         for k in range(4):
             a, b = full[(6 + k) * 2 + r], part[k]
@@ -121,7 +121,7 @@ def test_micro_batches_resume_and_world_size_give_the_same_batches():
     for row in range(b["anchors"].shape[0]):
         for p in b["anchors"][row][b["anchors"][row] >= 0].tolist():
             n = int(b["attention_mask"][row].sum())
-            assert p + 3 < n and b["loss_mask"][row, p:p + 4].all()
+            assert p + 1 < n and b["loss_mask"][row, p:p + 2].all()
 
 
 def test_heldout_micro_batches_balanced():
@@ -143,7 +143,7 @@ def test_online_sequences_and_features_match_per_sample_capture(tmp_path, tiny_l
     assert len(src) == 3 and max(src.lengths()) <= 60
     enc = t.encode_chat(recs[0]["conversations"])
     assert src[0]["input_ids"].tolist() == enc.input_ids[:60]
-    batch = build_micro_batch(src, [(0, 0), (0, 1), (0, 2)], span=2, anchors_per_sequence=4, seed=0)
+    batch = build_micro_batch(src, [(0, 0), (0, 1), (0, 2)], anchors_per_sequence=4, seed=0)
     batch = OnlineFeatures(t, torch.float32)(batch)
     assert batch["features"].requires_grad is False and not batch["features"].is_inference()
     for r in range(3):
@@ -153,5 +153,5 @@ def test_online_sequences_and_features_match_per_sample_capture(tmp_path, tiny_l
         torch.testing.assert_close(batch["features"][r, :n], cap.features[0], atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(batch["last_hidden"][r, :n], cap.last_hidden[0], atol=1e-5, rtol=1e-5)
         assert (batch["features"][r, n:] == 0).all()
-    bf = OnlineFeatures(t)(build_micro_batch(src, [(0, 0)], 2, 4, 0))
+    bf = OnlineFeatures(t)(build_micro_batch(src, [(0, 0)], 4, 0))
     assert bf["features"].dtype == torch.bfloat16       # what the cache stores

@@ -32,6 +32,6 @@ def test_param_groups_decay_only_matrices():
     assert [len(g["params"]) for g in groups] == [1, 3]
     assert [g["weight_decay"] for g in groups] == [0.1, 0.0]
     opt = build_adamw(m.named_parameters(), TrainConfig(lr=1e-3, weight_decay=0.1))
-    assert opt.defaults["betas"] == (0.9, 0.95)
+    assert opt.defaults["betas"] == (0.9, 0.999)
     with pytest.raises(TypeError, match="fp32"):
         build_adamw(torch.nn.Linear(2, 2).to(torch.bfloat16).named_parameters(), TrainConfig())
