@@ -17,7 +17,8 @@ class LossConfig:
     position_decay: float = 4.0
     # Eagle3 step weights: step_decay ** k.
     step_decay: float = 0.8
-    # Anchors per loss chunk (bounds peak memory at chunk * gamma * vocab floats).
+    # Anchors per backbone chunk of the parallel drafters (0 = all at once); the vocabulary-sized
+    # loss tensors are bounded separately by the fused loss (drafts/fused_loss.py).
     chunk_size: int = 64
 
 

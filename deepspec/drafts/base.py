@@ -148,8 +148,11 @@ class Drafter(nn.Module):
             return self.target.embed(ids.to(self.target.device)).to(self.device, self.param_dtype)
 
     def lm_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """fp32 logits through the target's (frozen) LM head; gradients flow to ``hidden``."""
-        return self.target.logits_from_hidden(hidden)
+        """fp32 logits through the target's (frozen) LM head; gradients flow to ``hidden``.  Under
+        autocast the matmul runs in the autocast dtype with a cached cast of the head."""
+        dev = hidden.device.type
+        dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else None
+        return self.target.logits_from_hidden(hidden, dtype=dt)
 
     def trainable_parameters(self):
         return [p for p in self.parameters() if p.requires_grad]

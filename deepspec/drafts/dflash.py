@@ -21,7 +21,8 @@ Training (`forward`)
     in chunks of anchors (``cfg.loss.chunk_size`` anchors over the batch, so
     ``chunk_size // B`` anchor columns per chunk): queries = chunk blocks, keys =
     ``[context ; chunk blocks]`` with a mask (blocks never see each other, so
-    chunking is exact).  The per-chunk loss runs under activation checkpointing.
+    chunking is exact).  The loss goes through `fused_loss` (LM head, softmaxes and their
+    gradients a chunk of rows at a time, no recomputation).
     As in the reference, a block counts when its anchor and first target are answer
     tokens (p >= 0, p+1 < length, loss_mask[p] and loss_mask[p+1]); position k is
     supervised while x_{p+1..p+k} all lie inside the sequence and the answer (a block
@@ -42,13 +43,15 @@ from types import SimpleNamespace
 from typing import Dict, List, Optional
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .base import DraftState, Drafter, Proposal, init_linear_weights
 from .context import ContextProjector, append_kv, context_kv
 from .heads import ConfidenceHead, build_sequential_head
 from .layers import KV, DraftDims, DraftLayer, RMSNorm
-from .losses import STAT_ROWS, checkpointed, metrics_from_stats, position_weights, stat_sums, token_terms
+from .fused_loss import fused_logit_loss
+from .losses import STAT_ROWS, metrics_from_stats, position_weights, stat_sums
 from .registry import register_drafter
 
 
@@ -122,7 +125,7 @@ class ParallelDrafter(Drafter):
         lead = hn.shape[:-2]
         h2 = hn.reshape(-1, *hn.shape[-2:])
         p2 = prev.reshape(-1, prev.shape[-1])
-        base = self.lm_logits(self.out_proj(h2) if self.out_proj is not None else h2)
+        base = self._head_logits(h2)
         e = None
         if self.head is not None:
             bias, e = self.head(h2, p2)
@@ -165,17 +168,31 @@ class ParallelDrafter(Drafter):
         h = self.anchor_proj(_gather_pos(features, anchors - 1))
         return h * (anchors > 0).unsqueeze(-1).to(h.dtype)
 
+    def _head_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Base logits U_k of normed hidden states (draft out-projection, then the target's LM head)."""
+        return self.lm_logits(self.out_proj(h) if self.out_proj is not None else h)
+
     def _chunk_loss(self, hn, tgt_hidden, tokens, prev, valid_pos):
+        """Loss numerator and per-position stats of one anchor chunk: 0.1·CE + 0.9·L1 (L1 = Σ|q − p| =
+        2·TV) through the fused logits loss, plus 1.0·BCE(c_k, 1 − TV_k), each weighted by w_k."""
         lc = self.cfg.loss
-        logits, conf = self._logits(hn, prev)
-        with torch.no_grad():
-            tgt_logits = self.lm_logits(tgt_hidden)
-        terms = token_terms(logits, tgt_logits, tokens, conf)
-        per = lc.ce_weight * terms["ce"] + lc.l1_weight * (2.0 * terms["tv"])    # L1 = Σ|q − p| = 2·TV
-        if conf is not None:  # always in the graph (weight 0 included): no unused parameters under DDP
-            per = per + lc.conf_weight * terms["bce"]
-        w = position_weights(self.cfg.gamma, lc.position_decay, hn.device)
-        num = (per * w * valid_pos).sum()
+        D, g = hn.shape[-1], hn.shape[-2]
+        h2, p2 = hn.reshape(-1, g, D), prev.reshape(-1, g)
+        wv = (position_weights(g, lc.position_decay, hn.device) * valid_pos).reshape(-1).float()
+        coef = torch.stack([lc.ce_weight * wv, lc.l1_weight * wv, torch.zeros_like(wv)], -1)
+        u = e = None
+        if self.head is not None:
+            u, e = self.head.low_rank(h2, p2)
+        num, terms = fused_logit_loss(
+            h2.reshape(-1, D), tgt_hidden.reshape(-1, tgt_hidden.shape[-1]), tokens.reshape(-1), coef,
+            self._head_logits, self.lm_logits, u=None if u is None else u.reshape(-1, u.shape[-1]),
+            w2=None if u is None else self.head.w2, vocab=self.vocab_size,
+            params=[] if self.out_proj is None else list(self.out_proj.parameters()))
+        terms = {k: v.reshape(valid_pos.shape) for k, v in terms.items()}
+        if self.conf_head is not None:  # always in the graph (weight 0 included): no unused parameters under DDP
+            conf = self.conf_head(h2, e, p2).reshape(valid_pos.shape)
+            terms["bce"] = F.binary_cross_entropy_with_logits(conf.float(), 1 - terms["tv"], reduction="none")
+            num = num + lc.conf_weight * (terms["bce"] * wv.view(valid_pos.shape)).sum()
         return num, stat_sums(terms, valid_pos)
 
     def forward(self, batch: Dict[str, torch.Tensor]) -> Dict[str, object]:
@@ -190,8 +207,8 @@ class ParallelDrafter(Drafter):
             a, sl = b.anchors[:, s:s + step], slice(s, s + step)
             af = None if b.anchor_feat is None else b.anchor_feat[:, sl]
             hn = self._backbone(_gather_pos(b.ids, a), a, b.ctx_kv, self._block_mask(a, b.am), af)
-            num, st = checkpointed(self._chunk_loss, hn, b.tgt_hidden[:, sl], b.tokens[:, sl], b.prev[:, sl],
-                                   b.valid_pos[:, sl])
+            num, st = self._chunk_loss(hn, b.tgt_hidden[:, sl], b.tokens[:, sl], b.prev[:, sl],
+                                       b.valid_pos[:, sl])
             total = num if total is None else total + num
             stats = st if stats is None else stats + st
         if total is None:  # no anchor columns at all
@@ -251,7 +268,7 @@ class ParallelDrafter(Drafter):
         if self.anchor_proj is not None and "last_feature" in state.cache:   # no context (empty prompt): none
             af = self.anchor_proj(state.cache["last_feature"]).unsqueeze(0)   # [1, 1, D]
         hn = self._backbone(a, p, ctx, None, af)[0, 0, :gamma]                         # [γ, D]
-        base = self.lm_logits(self.out_proj(hn) if self.out_proj is not None else hn)  # [γ, V]
+        base = self._head_logits(hn)                                                    # [γ, V]
         if self.head is None and self.conf_head is None:
             probs = warp(base).float()
             toks = torch.multinomial(probs, 1, generator=generator).squeeze(-1)

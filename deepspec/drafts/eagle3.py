@@ -54,7 +54,8 @@ from torch import nn
 from .base import DraftState, Drafter, Proposal, init_linear_weights
 from .context import append_kv
 from .layers import KV, DraftDims, DraftLayer, RMSNorm
-from .losses import checkpointed, metrics_from_stats, stat_sums, step_weights, token_terms
+from .fused_loss import fused_logit_loss
+from .losses import metrics_from_stats, stat_sums, step_weights
 from .registry import register_drafter
 
 
@@ -174,12 +175,13 @@ class Eagle3Drafter(Drafter):
             yield j, h
 
     def _chunk_loss(self, h, tgt_hidden, tokens, valid, weight):
-        logits = self._head_logits(h)
-        with torch.no_grad():
-            tgt_logits = self.lm_logits(tgt_hidden)
-        t = token_terms(logits, tgt_logits, tokens)
-        num = (t["soft_ce"] * valid).sum() * weight
-        return num, torch.stack([t["ce"].detach(), t["tv"].detach(), t["top1"]])
+        """Soft CE to the target distribution through the fused logits loss (no [rows × V] tensors kept)."""
+        coef = torch.zeros(valid.shape[0], 3, device=h.device)
+        coef[:, 2] = valid * weight
+        params = [p for m in (self.norm, self.out_proj) if m is not None for p in m.parameters()]
+        num, t = fused_logit_loss(h, tgt_hidden, tokens, coef, self._head_logits, self.lm_logits,
+                                  params=params, vocab=self.vocab_size)
+        return num, torch.stack([t["ce"], t["tv"], t["top1"]])
 
     def forward(self, batch: Dict[str, torch.Tensor]) -> Dict[str, object]:
         dev = self.device
@@ -192,27 +194,20 @@ class Eagle3Drafter(Drafter):
         last = batch["last_hidden"].to(dev)
         S = self.cfg.ttt_steps
         w = step_weights(S, self.cfg.loss.step_decay)
-        chunk = self.cfg.loss.chunk_size * self.cfg.gamma if self.cfg.loss.chunk_size > 0 else B * T
         zeros_tok = ids.new_zeros(B, S + 2)
         ids_ext = torch.cat([ids, zeros_tok], 1)
         lm_ext = torch.cat([lm, torch.zeros_like(zeros_tok, dtype=torch.bool)], 1)
         last_ext = torch.cat([last, last.new_zeros(B, S + 2, last.shape[-1])], 1)
         roots, keep = self._loss_roots(batch, B, T)                                       # [B, N] each
-        n = int(keep.sum())
         Hl = last.shape[-1]
         total, denom, per_step, valids = 0.0, 0.0, [], []
         for j, h in self._ttt(batch, None if self.cfg.ttt_dense else roots):
             tokens = ids_ext.gather(1, roots + 2 + j)[keep]                               # x_{r+2+j}
             valid = lm_ext.gather(1, roots + 2 + j)[keep]
             tgt = last_ext.gather(1, (roots + 1 + j).unsqueeze(-1).expand(B, -1, Hl))[keep]  # last_hidden[r+1+j]
-            hf = h[keep]
-            rows = []
-            for s in range(0, n, chunk):
-                num, st = checkpointed(self._chunk_loss, hf[s:s + chunk], tgt[s:s + chunk],
-                                       tokens[s:s + chunk], valid[s:s + chunk].float(), float(w[j]))
-                total = total + num
-                rows.append(st)
-            per_step.append(torch.cat(rows, dim=1) if rows else hf.new_zeros(3, 0))      # [3, n]
+            num, st = self._chunk_loss(h[keep], tgt, tokens, valid.float(), float(w[j]))
+            total = total + num
+            per_step.append(st)                                                           # [3, n]
             valids.append(valid)
             denom = denom + float(w[j]) * valid.sum()
         st = torch.stack(per_step, dim=-1)                                                # [3, n, S]

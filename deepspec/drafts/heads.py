@@ -51,30 +51,42 @@ class SequentialHead(nn.Module):
     def embed(self, prev: torch.Tensor) -> torch.Tensor:
         return self.w1(prev)
 
-    def step(self, state, h: torch.Tensor, e: torch.Tensor) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """One position: (state, h_k [R, H], e_k = W1[x_{k-1}] [R, r]) -> (bias [R, V], new state)."""
+    def low_rank_step(self, state, h: torch.Tensor, e: torch.Tensor) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """One position: (state, h_k [R, H], e_k = W1[x_{k-1}] [R, r]) -> (u_k [R, r], new state);
+        the bias is ``u_k · W2``."""
         raise NotImplementedError
 
-    def forward(self, h: torch.Tensor, prev: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        """Teacher-forced: h [R, γ, H], prev = x_{k-1} [R, γ] -> (bias [R, γ, V], e [R, γ, r])."""
+    def step(self, state, h: torch.Tensor, e: torch.Tensor) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """One position: (state, h_k, e_k) -> (bias [R, V], new state)."""
+        u, state = self.low_rank_step(state, h, e)
+        return u @ self.w2.to(u.dtype), state
+
+    def low_rank(self, h: torch.Tensor, prev: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Teacher-forced: h [R, γ, H], prev = x_{k-1} [R, γ] -> (u [R, γ, r], e [R, γ, r]);
+        bias = u · W2 (the fused loss multiplies by W2 chunk by chunk)."""
         e = self.embed(prev)
         state = self.init_state(h.shape[0], h)
         out = []
         for k in range(h.shape[1]):
-            b, state = self.step(state, h[:, k], e[:, k])
-            out.append(b)
+            u, state = self.low_rank_step(state, h[:, k], e[:, k])
+            out.append(u)
         return torch.stack(out, 1), e
+
+    def forward(self, h: torch.Tensor, prev: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Teacher-forced: h [R, γ, H], prev [R, γ] -> (bias [R, γ, V], e [R, γ, r])."""
+        u, e = self.low_rank(h, prev)
+        return u @ self.w2.to(u.dtype), e
 
 
 class MarkovHead(SequentialHead):
     kind = "markov"
 
-    def step(self, state, h, e):
-        return e @ self.w2.to(e.dtype), None
+    def low_rank_step(self, state, h, e):
+        return e, None
 
-    def forward(self, h, prev):  # vectorised, identical to looping `step`
+    def low_rank(self, h, prev):  # vectorised, identical to looping `low_rank_step`
         e = self.embed(prev)
-        return e @ self.w2.to(e.dtype), e
+        return e, e
 
 
 class RNNHead(SequentialHead):
@@ -88,13 +100,12 @@ class RNNHead(SequentialHead):
     def init_state(self, n, ref):
         return torch.zeros(n, self.rank, device=ref.device, dtype=ref.dtype)
 
-    def step(self, state, h, e):
+    def low_rank_step(self, state, h, e):
         z = torch.cat([state.to(e.dtype), e, h.to(e.dtype)], dim=-1)
         g, c, o = self.cell(z).chunk(3, dim=-1)
         gate = torch.sigmoid(g)
         new = gate * state + (1 - gate) * torch.tanh(c)
-        out = torch.tanh(o)
-        return out @ self.w2.to(out.dtype), new
+        return torch.tanh(o), new
 
 
 HEADS = {"markov": MarkovHead, "rnn": RNNHead}

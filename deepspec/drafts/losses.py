@@ -8,20 +8,17 @@ Per draft position k (1-based; weight index k-1 so the first position has weight
               the draft at that position (so 1 − TV_k is the acceptance probability),
 * ``bce``     BCE(c_k, 1 − TV_k) for the confidence head (target detached).
 
-Memory: vocabulary-sized tensors exist only for one chunk of rows at a time.
-`chunked_sum` runs the per-chunk loss under activation checkpointing when
-gradients are on, so autograd keeps just the chunk's (small) inputs and
-recomputes the logits during backward; peak memory is bounded by the chunk
-size, not by anchors × γ × V.  Chunked and unchunked sums agree to fp32 rounding.
+`token_terms` is the plain-autograd definition of the terms (tests, teacher-forced
+scoring); training goes through `fused_loss`, which computes the same terms and
+their gradients a chunk of rows at a time.
 """
 from __future__ import annotations
 
 import math
-from typing import Callable, Dict, Optional, Sequence, Tuple
+from typing import Dict, Optional
 
 import torch
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
 # Rows of the per-position statistics tensor [len(STAT_ROWS), γ] (sums over items).
 STAT_ROWS = ("count", "ce", "tv", "bce", "top1", "chain_count", "chain_accept")
@@ -85,26 +82,3 @@ def metrics_from_stats(stats: torch.Tensor) -> Dict[str, float]:
         tau += rows["chain_accept"][k] / cc if cc else 0.0
     out["expected_tau"] = tau
     return out
-
-
-def checkpointed(fn: Callable, *args):
-    """``fn(*args)`` under non-reentrant activation checkpointing when gradients are on."""
-    if torch.is_grad_enabled():
-        return checkpoint(fn, *args, use_reentrant=False)
-    return fn(*args)
-
-
-def chunked_sum(fn: Callable[..., Tuple[torch.Tensor, torch.Tensor]], n: int, chunk: int,
-                tensors: Sequence[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Sum ``fn(*[t[i:j] for t in tensors])`` over row chunks of size ``chunk`` (<=0: one chunk).
-
-    ``fn`` returns (loss numerator with grad, detached stats).  With gradients on,
-    each chunk runs under non-reentrant checkpointing."""
-    chunk = n if chunk <= 0 else chunk
-    total, stats = None, None
-    for i in range(0, n, max(chunk, 1)):
-        part = [t[i:i + chunk] for t in tensors]
-        loss, st = checkpointed(fn, *part)
-        total = loss if total is None else total + loss
-        stats = st if stats is None else stats + st
-    return total, stats

@@ -144,9 +144,24 @@ class TargetAdapter:
         """Input embeddings as the decoder sees them (family scaling included)."""
         return self.embed_tokens(input_ids)
 
-    def logits_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Target logits (fp32) from final post-norm hidden states."""
+    def head_weight(self, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+        """The (frozen) LM head weight, or a cached copy cast to ``dtype`` (e.g. bf16 matmuls under
+        autocast would otherwise cast the whole [V, H] head at every call)."""
         w = self.lm_head.weight
+        if dtype is None or dtype == w.dtype:
+            return w
+        key = (dtype, w.device, w.data_ptr(), w._version)
+        cached = self.__dict__.get("_head_cast")
+        if cached is None or cached[0] != key:
+            with torch.no_grad():
+                cached = (key, w.detach().to(dtype))
+            self.__dict__["_head_cast"] = cached
+        return cached[1]
+
+    def logits_from_hidden(self, hidden: torch.Tensor, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+        """Target logits (fp32) from final post-norm hidden states; ``dtype`` = matmul precision
+        (default: the head's own)."""
+        w = self.head_weight(dtype)
         logits = torch.nn.functional.linear(hidden.to(w.dtype), w).float()
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap

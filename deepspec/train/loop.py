@@ -38,6 +38,7 @@ from .data import (CachedSequences, GlobalBatchPlan, MicroBatches, OnlineFeature
                    build_micro_batch, check_batch_sizes, heldout_micro_batches, split_heldout)
 from .logging import MetricsLogger, config_as_dict, progress_postfix
 from .optim import lr_at
+from .precision import use_bf16
 from .stopping import (NonFiniteLossError, SignalGuard, TrainingInterrupted, _ignore_sigint,
                        nonfinite_loss_message)
 from .distributed import (DistEnv, all_gather_object, all_reduce_, barrier, broadcast_object, init_distributed,
@@ -110,7 +111,7 @@ class Trainer:
             torch.manual_seed(cfg.seed + 1 + env.rank)
         self._shadow = None        # rank 0's full copy for saving sharded (FSDP) drafters
         self._metric_keys: Optional[List[str]] = None
-        self.use_bf16 = tc.bf16 and (env.device.type == "cpu" or torch.cuda.is_bf16_supported())
+        self.use_bf16 = use_bf16(tc.bf16, env.device)
         self.logger = MetricsLogger(self.run_dir, tc, enabled=env.is_main, total_steps=self.total_steps,
                                     start_step=self.step, config_dict=config_as_dict(cfg))
         if env.is_main:

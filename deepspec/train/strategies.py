@@ -29,6 +29,7 @@ from torch import nn
 from .distributed import (STRATEGIES, DistEnv, all_gather_object, all_reduce_, barrier,  # noqa: F401
                           broadcast_object, init_distributed, shutdown)
 from .optim import build_adamw, param_groups, trainable_named_parameters
+from .precision import use_bf16
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +151,7 @@ class FSDPStrategy(SingleStrategy):
         mesh = init_device_mesh(self.env.device.type, (self.env.world_size,))
         frozen = {p for p in drafter.parameters() if not p.requires_grad}
         kw = {"mesh": mesh}
-        if self.cfg.bf16 and self.env.device.type == "cuda":
+        if use_bf16(self.cfg.bf16, self.env.device) and self.env.device.type == "cuda":
             kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         fully_shard(drafter, ignored_params=frozen or None, **kw)
         return drafter

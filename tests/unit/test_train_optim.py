@@ -35,3 +35,17 @@ def test_param_groups_decay_only_matrices():
     assert opt.defaults["betas"] == (0.9, 0.999)
     with pytest.raises(TypeError, match="fp32"):
         build_adamw(torch.nn.Linear(2, 2).to(torch.bfloat16).named_parameters(), TrainConfig())
+
+
+def test_adamw_is_fused_for_plain_parameters():
+    from deepspec.config.train import TrainConfig
+    p = torch.nn.Parameter(torch.randn(4, 3))
+    opt = build_adamw([("w", p)], TrainConfig())
+    assert opt.defaults["fused"] is True
+
+
+def test_bf16_flag_auto_follows_the_device():
+    from deepspec.train.precision import cpu_has_native_bf16, use_bf16
+    cpu = torch.device("cpu")
+    assert use_bf16(None, cpu) == cpu_has_native_bf16()
+    assert use_bf16(True, cpu) is True and use_bf16(False, cpu) is False
