@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from deepspec.config import load_config
-from deepspec.engines.regen import RegenError, regenerate
+from deepspec.prepare.regen import RegenError, regenerate
 from deepspec.engines.server import Faults, serve_in_thread
 
 pytestmark = pytest.mark.integration
@@ -174,7 +174,7 @@ def test_openai_engine_with_faults_errors_and_retry(tmp_path):
 
 
 SCRIPT = ("import sys, torch; torch.set_num_threads(1); "
-          "from deepspec.config import load_config; from deepspec.engines.regen import regenerate; "
+          "from deepspec.config import load_config; from deepspec.prepare.regen import regenerate; "
           "regenerate(load_config(sys.argv[1:]))")
 
 
