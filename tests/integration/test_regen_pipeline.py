@@ -13,9 +13,10 @@ import pytest
 import torch
 
 from deepspec.config import load_config
-from deepspec.prepare.regen import RegenError, regenerate
 from deepspec.engines.handler import Faults
 from deepspec.engines.server import serve_in_thread
+from deepspec.prepare.regen import regenerate
+from deepspec.prepare.regen_job import RegenError
 
 pytestmark = pytest.mark.integration
 torch.set_num_threads(1)

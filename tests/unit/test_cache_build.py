@@ -10,9 +10,9 @@ import torch
 
 from deepspec.cache import CacheCorruptError, CacheError, CacheMismatchError, CacheReader
 from deepspec.cache import cli
+from deepspec.cache.format import INDEX, MANIFEST, SCHEMA_META_KEY, sha256_file, shard_name, sidecar_name
 from deepspec.prepare import build_cache, finalize_cache
 from deepspec.prepare.samples import capture_batch, length_batches, pad_token_id, tokenize_records
-from deepspec.cache.format import INDEX, MANIFEST, SCHEMA_META_KEY, sha256_file, shard_name, sidecar_name
 from deepspec.prepare.synthetic import write_regen_jsonl
 from deepspec.config import load_config
 from deepspec.targets import TargetAdapter, load_target

@@ -74,7 +74,8 @@ def engine():
 
 def test_regeneration_disk_full_keeps_whole_lines_and_resumes(tmp_path, engine, monkeypatch, capsys):
     from deepspec.prepare import parts
-    from deepspec.prepare.regen import RegenPaths, regenerate
+    from deepspec.prepare.regen import regenerate
+    from deepspec.prepare.regen_job import RegenPaths
     data = _prompts(tmp_path / "in.jsonl", 8)
     ref = _read(regenerate(_regen_cfg(tmp_path / "ref", data), engine=engine))
     cfg = _regen_cfg(tmp_path / "run", data)
