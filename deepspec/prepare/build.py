@@ -26,7 +26,7 @@ import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -44,13 +44,15 @@ from ..utils.signals import GracefulStop, deferred, sigterm_as_interrupt
 from .buildinfo import build_info, check_existing
 from .calibrate import prepare_codec_state
 from .finalize import finalize_cache, wait_for_manifest
-from .samples import capture_batch, encode_row, iter_shards, length_batches, pad_token_id, scan_source, tokenize_records
+from .samples import (capture_batch, encode_row, iter_shards, length_batches, pad_token_id, scan_source,
+                      tokenize_records)
 
 log = logging.getLogger(__name__)
 
 
 # -- ranks ---------------------------------------------------------------------------------------------
-def _rank_world(rank: Optional[int], world_size: Optional[int]):
+def _rank_world(rank: Optional[int], world_size: Optional[int]) -> Tuple[int, int]:
+    """`rank_world`; a rank that does not fit the world size is a `CacheError` (one line at the CLI)."""
     try:
         return rank_world(rank, world_size)
     except ValueError as e:
