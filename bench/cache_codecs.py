@@ -1,6 +1,6 @@
 """Benchmark: lossless layouts for bf16 hidden states of the reference target.
 
-Builds a real cache (``deepspec.cache.build_cache``) from real ShareGPT conversations
+Builds a real cache (``deepspec.prepare.build_cache``) from real ShareGPT conversations
 with the reference target (SmolLM2-135M-Instruct, 30 layers, H=576, 5 feature layers),
 reads it back, then compares byte layouts of the very same hidden states:
 
@@ -35,9 +35,10 @@ import zstandard as zstd
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from deepspec.cache import CacheReader, build_cache  # noqa: E402
+from deepspec.cache import CacheReader  # noqa: E402
 from deepspec.cache.codecs import BF16Codec  # noqa: E402
 from deepspec.cache.format import raw_bytes_per_token  # noqa: E402
+from deepspec.prepare import build_cache  # noqa: E402
 from deepspec.config import load_config  # noqa: E402
 
 

@@ -5,9 +5,9 @@ and τ of the same drafter trained on each cache.  Not a test: numbers depend on
     python bench/cache_gate.py --regen path/regen.jsonl # reuse a regen JSONL
     python bench/cache_gate.py --codecs bf16,fp8,lowrank:rank=64 --steps 60 --prompts 3
 
-Regeneration uses `deepspec.engines.regen.regenerate` (embedded HF engine, greedy,
+Regeneration uses `deepspec.prepare.regenerate` (embedded HF engine, greedy,
 --regen-tokens new tokens per assistant turn) on the first --n ShareGPT records.  Then
-`deepspec.cache.gate.run` builds one cache per codec from that JSONL, trains the same dspark
+`deepspec.experiments.gate.run` builds one cache per codec from that JSONL, trains the same dspark
 drafter with the same seed for --steps steps on each and evaluates each final checkpoint
 greedily on the same --prompts prompts of --benchmarks.  Writes
 bench/results/cache_gate_smollm2.json (+ .md) and keeps the work tree under --work.
@@ -52,7 +52,7 @@ def main() -> int:
     import torch
     torch.set_num_threads(args.threads)
     from deepspec.config import load_config
-    from deepspec.cache.gate import format_markdown, run
+    from deepspec.experiments.gate import format_markdown, run
 
     work = Path(args.work)
     if args.fresh and work.exists():
@@ -65,7 +65,7 @@ def main() -> int:
         regen = Path(args.regen)
         regen_s = None
     else:
-        from deepspec.engines.regen import regenerate
+        from deepspec.prepare import regenerate
         rcfg = load_config(base + ["data=sharegpt", f"data.max_samples={args.n}", "data.heldout_fraction=0",
                                    f"engine.max_new_tokens={args.regen_tokens}", "engine.temperature=0",
                                    "engine.batch_size=8"])

@@ -8,7 +8,7 @@ import torch, json, sys
 torch.set_num_threads(1)
 from deepspec.cache import CacheReader, get_codec
 from deepspec.cache.codecs import encode_array
-from deepspec.cache.lossy import reconstruction_error
+from deepspec.cache.codec_error import reconstruction_error
 r = CacheReader(sys.argv[1]); m = r.manifest
 H, L = m["hidden_size"], len(m["layer_ids"])
 S = [r[i] for i in range(len(r))]

@@ -44,8 +44,7 @@ def tau_table(results: dict) -> str:
 
 
 def run(cfg: DeepSpecConfig) -> int:
-    from .cache.build import build_cache
-    from .engines.regen import regenerate
+    from .prepare import build_cache, regenerate
     from .eval.runner import run as run_eval
     from .train.loop import run as run_train
 

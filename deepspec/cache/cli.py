@@ -1,11 +1,9 @@
-"""``deepspec cache …``: verify, info, build, finalize.
+"""The reader's commands: ``deepspec cache verify`` and ``deepspec cache info`` (also ``python -m deepspec.cache``).
 
     deepspec cache verify DIR [--decode]     sha256 + schema of every shard (exit 1 on damage)
     deepspec cache info DIR [--json|--full]  samples, tokens, bytes/token, ratio, manifest
-    deepspec cache build [OVERRIDES…] [--rank R --world-size W] [--regen PATH] [--no-wait]
-    deepspec cache finalize DIR              merge shard sidecars into index + manifest
-    deepspec cache gate [OVERRIDES…] --regen PATH [--codecs bf16,fp8,lowrank] [--out DIR]
-                                             lossless vs lossy: build, train, eval, compare τ (gate.py)
+
+The whole ``deepspec cache`` command (with build, finalize and gate) is `deepspec.cache_cli`.
 """
 from __future__ import annotations
 
@@ -14,7 +12,10 @@ import json
 import sys
 from typing import Optional, Sequence
 
+from ..utils.signals import GracefulStop
+from .codec_error import format_error_report
 from .errors import CacheError
+from .reader import CacheReader
 
 
 def _human(n: float) -> str:
@@ -26,7 +27,6 @@ def _human(n: float) -> str:
 
 
 def _cmd_verify(args) -> int:
-    from .reader import CacheReader
     reader = CacheReader(args.dir, check_files=False)
 
     def report(name, err):
@@ -47,7 +47,6 @@ def _cmd_verify(args) -> int:
 
 
 def _cmd_info(args) -> int:
-    from .reader import CacheReader
     reader = CacheReader(args.dir)
     m = reader.manifest
     st = reader.stats()
@@ -74,8 +73,7 @@ def _cmd_info(args) -> int:
     if isinstance(cols, dict) and st["tokens"]:
         lines.append(f"bytes/token      features {int(cols.get('features', 0)) / st['tokens']:,.1f}, "
                      f"last_hidden {int(cols.get('last_hidden', 0)) / st['tokens']:,.1f} (+ ids, mask, framing)")
-    from .codec_state import format_error_report  # lossy codecs: error measured at build time
-    lines += format_error_report(m)
+    lines += format_error_report(m)  # lossy codecs: error measured at build time
     print("\n".join(lines))
     shown = dict(m)
     if not args.full and len(m["shards"]) > 4:
@@ -85,42 +83,8 @@ def _cmd_info(args) -> int:
     return 0
 
 
-def _cmd_build(args) -> int:
-    import logging
-    from ..config import load_config
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        datefmt="%H:%M:%S")  # no-op when `deepspec` already configured logging
-    from .build import build_cache
-    cfg = load_config(args.overrides)
-    out = build_cache(cfg, regen_path=args.regen, rank=args.rank, world_size=args.world_size,
-                      wait=not args.no_wait, progress=None if not args.no_progress else False)
-    print(out)
-    return 0
-
-
-def _cmd_finalize(args) -> int:
-    from .build import finalize_cache
-    finalize_cache(args.dir, strict=True)
-    print(f"{args.dir}: manifest written")
-    return 0
-
-
-def _cmd_gate(args) -> int:
-    import logging
-    from ..config import load_config
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        datefmt="%H:%M:%S")
-    from .gate import format_markdown, run
-    cfg = load_config(args.overrides)
-    rep = run(cfg, codecs=[c for c in args.codecs.split(",") if c], regen_path=args.regen,
-              out_dir=args.out, tolerance=args.tolerance)
-    print(format_markdown(rep))
-    return 0
-
-
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="deepspec cache", description="target hidden-state cache tools")
-    sub = p.add_subparsers(dest="cmd", required=True)
+def add_commands(sub) -> None:
+    """Add ``verify`` and ``info`` to a ``deepspec cache`` subparsers object."""
     v = sub.add_parser("verify", help="check every shard's sha256 and schema")
     v.add_argument("dir")
     v.add_argument("--decode", action="store_true", help="also decode every sample (zstd checksums)")
@@ -131,31 +95,11 @@ def parser() -> argparse.ArgumentParser:
     i.add_argument("--json", action="store_true")
     i.add_argument("--full", action="store_true", help="list every shard")
     i.set_defaults(fn=_cmd_info)
-    b = sub.add_parser("build", help="build (or resume) the cache for a config")
-    b.add_argument("overrides", nargs="*", help="config overrides, e.g. target.path=tiny:llama run_dir=…")
-    b.add_argument("--regen", default=None, help="regen JSONL (default: deepspec.paths.regen_path)")
-    b.add_argument("--rank", type=int, default=None)
-    b.add_argument("--world-size", type=int, default=None)
-    b.add_argument("--no-wait", action="store_true", help="return after this rank's shards")
-    b.add_argument("--no-progress", action="store_true")
-    b.set_defaults(fn=_cmd_build)
-    f = sub.add_parser("finalize", help="write index + manifest once every shard is built")
-    f.add_argument("dir")
-    f.set_defaults(fn=_cmd_finalize)
-    g = sub.add_parser("gate", help="lossless vs lossy codecs: same drafter, seed, steps, prompts; compare τ")
-    g.add_argument("overrides", nargs="*", help="config overrides (target, draft, train.max_steps, eval.*)")
-    g.add_argument("--regen", default=None, help="regen JSONL (default: deepspec.paths.regen_path)")
-    g.add_argument("--codecs", default="bf16,fp8,lowrank",
-                   help="comma list; the first is the baseline; params as lowrank:rank=64:coef=fp8")
-    g.add_argument("--out", default=None, help="output directory (default {run_dir}/gate)")
-    g.add_argument("--tolerance", type=float, default=0.02, help="allowed relative τ loss (0.02 = 2%%)")
-    g.set_defaults(fn=_cmd_gate)
-    return p
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    from ..utils.signals import GracefulStop
+def run_command(args) -> int:
+    """Run a parsed ``deepspec cache`` subcommand: a cache or OS error is one line (exit 1); a
+    graceful stop (SIGTERM, Ctrl-C) says what was kept and exits with its signal code."""
     try:
         return int(args.fn(args) or 0)
     except (CacheError, OSError) as e:
@@ -165,6 +109,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"deepspec cache {args.cmd}: {e}; committed shards are kept, run the same command again to "
               "resume", file=sys.stderr)
         return e.exit_code
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m deepspec.cache", description="verify or describe a cache")
+    add_commands(p.add_subparsers(dest="cmd", required=True))
+    return run_command(p.parse_args(list(sys.argv[1:] if argv is None else argv)))
 
 
 if __name__ == "__main__":  # pragma: no cover

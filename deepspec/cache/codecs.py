@@ -17,10 +17,11 @@ zstd.  Layouts (measured in ``bench/cache_codecs.py``, see ``docs/cache.md``):
   keep their scale across tokens), then split into planes.  Best measured ratio.
 
 Lossy codecs (``fp8``, ``lowrank``) plug in through the same interface:
-``register_codec`` a subclass, set ``lossless = False``, and if it needs fitted
-state (a projection basis, per-channel scales) implement ``calibrate`` and
-``state_arrays`` / ``load_state_arrays``; the builder stores those arrays in
-``codec_state.arrow`` (checksummed by the manifest), never with pickle.
+``register_codec`` a subclass, set ``lossless = False``, map its ``cache.*`` keys in
+``config_params``, and if it needs fitted state (a projection basis, per-channel scales)
+implement ``calibrate`` and ``state_arrays`` / ``load_state_arrays``; the builder stores
+those arrays in ``codec_state.arrow`` (checksummed by the manifest), never with pickle.
+The package imports every codec module, so each is registered before a name is looked up.
 """
 from __future__ import annotations
 
@@ -116,6 +117,11 @@ class Codec:
     lossless: ClassVar[bool] = True
     needs_calibration: ClassVar[bool] = False
 
+    @classmethod
+    def config_params(cls, cache_cfg) -> Dict[str, Any]:
+        """Constructor parameters taken from a `CacheConfig` (its ``cache.*`` keys)."""
+        return {}
+
     def params(self) -> Dict[str, Any]:
         """JSON-serialisable parameters; together with the name they identify the format."""
         return {}
@@ -159,6 +165,10 @@ class BF16Codec(Codec):
             raise CacheError(f"bf16 codec: zstd level {level!r} must be an int in [-7, 22]")
         self.layout = layout
         self.level = int(level)
+
+    @classmethod
+    def config_params(cls, cache_cfg) -> Dict[str, Any]:
+        return {"layout": cache_cfg.layout, "level": int(cache_cfg.zstd_level)}
 
     def params(self) -> Dict[str, Any]:
         return {"layout": self.layout, "level": self.level}
@@ -228,15 +238,10 @@ def get_codec(spec: Union[str, Mapping[str, Any], Codec], **params) -> Codec:
 
 
 def codec_from_config(cache_cfg) -> Codec:
-    """The codec a `CacheConfig` asks for."""
+    """The codec a `CacheConfig` asks for (``cache.codec``, its parameters from `Codec.config_params`)."""
     name = cache_cfg.codec
-    if name == "bf16":
-        return get_codec("bf16", layout=cache_cfg.layout, level=int(cache_cfg.zstd_level))
-    params: Dict[str, Any] = {}
-    if name in ("fp8", "lowrank"):  # lossy codecs (deepspec/cache/lossy.py)
-        from .lossy import params_from_config
-        params = params_from_config(name, cache_cfg)
-    return get_codec(name, **params)
+    cls = CODECS.get(name)
+    return get_codec(name, **(cls.config_params(cache_cfg) if cls is not None else {}))
 
 
 def same_spec(a: Optional[Mapping[str, Any]], b: Optional[Mapping[str, Any]]) -> bool:

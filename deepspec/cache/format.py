@@ -24,11 +24,13 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
+import numpy as np
 import pyarrow as pa
 
-from .errors import CacheCorruptError, CacheError
+from ..utils.fs import atomic_write, fsync_dir, with_path
+from .errors import CacheCorruptError
 
 FORMAT_NAME = "deepspec-cache"
 FORMAT_VERSION = 1
@@ -80,9 +82,6 @@ def raw_bytes_per_token(hidden_size: int, num_layers: int) -> int:
 
 
 # -- durable small files --------------------------------------------------------------------------
-from ..utils.fs import atomic_write, fsync_dir  # noqa: E402  (fsync_dir re-exported for cache modules)
-
-
 def atomic_write_bytes(path: Path, data: bytes, tag: str = "") -> None:
     """temp file + fsync + os.replace (+ directory fsync): never a half-written file."""
     path = Path(path)
@@ -172,7 +171,6 @@ class ShardWriter:
             self._file.close()
             self.tmp.unlink(missing_ok=True)
             if isinstance(e, OSError):
-                from ..utils.fs import with_path
                 raise with_path(e, self.tmp, f"starting {self.final.name}") from e
             raise
         self.rows: List[Dict[str, Any]] = []
@@ -222,7 +220,9 @@ class ShardWriter:
 
 # -- reading shards and the index ------------------------------------------------------------------
 # what pyarrow may raise on damaged input (UnicodeDecodeError is a ValueError)
-_ARROW_ERRORS = (pa.ArrowException, OSError, ValueError, KeyError, IndexError, TypeError, OverflowError)
+ARROW_ERRORS = (pa.ArrowException, OSError, ValueError, KeyError, IndexError, TypeError, OverflowError)
+
+
 def open_ipc(path: Path, expected_fields, what: Optional[str] = None):
     """Memory-map an Arrow IPC file and check its schema; errors name the file."""
     what = what or path.name
@@ -236,7 +236,7 @@ def open_ipc(path: Path, expected_fields, what: Optional[str] = None):
         reader = pa.ipc.open_file(mm)
         schema = reader.schema
         got = [(f.name, f.type) for f in schema]
-    except _ARROW_ERRORS as e:
+    except ARROW_ERRORS as e:
         mm.close()
         raise CacheCorruptError(f"{what}: not a valid Arrow IPC file ({type(e).__name__}: {e})") from None
     want = [(f.name, f.type) for f in expected_fields]
@@ -278,6 +278,26 @@ def check_name(name: Any, pattern: re.Pattern, what: str) -> str:
     return name
 
 
-def file_is(path: Path, what: str) -> None:
-    if not path.is_file():
-        raise CacheError(f"{what}: {path} does not exist")
+# -- codec_state.arrow --------------------------------------------------------------------------------
+def state_to_bytes(arrays: Mapping[str, np.ndarray]) -> bytes:
+    """A lossy codec's fitted arrays as an Arrow IPC file: one single-row list column per array."""
+    names = sorted(arrays)
+    cols = []
+    for k in names:
+        a = np.ascontiguousarray(np.asarray(arrays[k]).reshape(-1))
+        cols.append(pa.array([a], type=pa.list_(pa.from_numpy_dtype(a.dtype))))
+    table = pa.table(cols, names=names)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, table.schema) as w:
+        w.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def state_from_bytes(data: bytes, what: str) -> Dict[str, np.ndarray]:
+    """The arrays of `state_to_bytes`; damage raises `CacheCorruptError` naming ``what``."""
+    try:
+        table = pa.ipc.open_file(pa.py_buffer(data)).read_all()
+        return {k: np.asarray(table.column(k).combine_chunks().flatten().to_numpy(zero_copy_only=False))
+                for k in table.column_names}
+    except ARROW_ERRORS as e:
+        raise CacheCorruptError(f"{what}: {e}") from None

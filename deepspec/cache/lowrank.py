@@ -2,7 +2,7 @@
 
 Per layer ``l`` (each ``H``-wide slice of ``features``): ``x ≈ W_l z + μ_l`` with ``W_l``
 ``[H, r]`` orthonormal, fitted on the calibration sample; `decoder_arrays()` exposes ``W`` and
-``μ`` so a drafter's input projection can absorb the decoder.  Overview: `lossy`.
+``μ`` so a drafter's input projection can absorb the decoder.  Overview and shared parts: `lossy`.
 """
 from __future__ import annotations
 
@@ -13,11 +13,12 @@ import torch
 
 from .codecs import register_codec, zstd_compress, zstd_decompress
 from .errors import CacheCorruptError, CacheError
-from .fp8 import _LossyBase, _cm_bytes, _finite_f32, _from_cm, fp8_dequantize, fp8_quantize, fp8_scales
+from .lossy import (LossyCodec, channel_major_bytes, finite_f32, fp8_dequantize, fp8_quantize, fp8_scales,
+                    from_channel_major)
 
 
 @register_codec("lowrank")
-class LowRankCodec(_LossyBase):
+class LowRankCodec(LossyCodec):
     """Per-layer centred PCA to ``rank`` components; coefficients bf16 (or fp8) + zstd."""
 
     COEFS = ("bf16", "fp8")
@@ -34,6 +35,11 @@ class LowRankCodec(_LossyBase):
         self.mean: Optional[torch.Tensor] = None    # [L, H] float32
         self.coef_scale: Optional[torch.Tensor] = None  # [L*r] (coef=fp8)
         self.tail_energy: Optional[List[float]] = None  # per layer: Σ_{i>r} σ_i² / Σ‖x‖² (calibration)
+
+    @classmethod
+    def config_params(cls, cache_cfg) -> Dict[str, Any]:
+        return {**super().config_params(cache_cfg), "rank": int(cache_cfg.rank),
+                "coef": str(getattr(cache_cfg, "lowrank_coef", "bf16"))}
 
     def params(self) -> Dict[str, Any]:
         return {"rank": self.rank, "coef": self.coef, **self._base_params()}
@@ -88,7 +94,7 @@ class LowRankCodec(_LossyBase):
     def _encode_features(self, x: torch.Tensor) -> bytes:
         z = self._project(x)
         if self.coef == "fp8":
-            return zstd_compress(_cm_bytes(fp8_quantize(z, self.coef_scale)), self.level)
+            return zstd_compress(channel_major_bytes(fp8_quantize(z, self.coef_scale)), self.level)
         return self.bf16.encode(z.to(torch.bfloat16), "features")
 
     def decode_coefficients(self, blob, t: int, what: str = "features") -> torch.Tensor:
@@ -96,7 +102,7 @@ class LowRankCodec(_LossyBase):
         L, _, r = self.basis.shape
         if self.coef == "fp8":
             raw = zstd_decompress(blob, t * L * r, what)
-            return fp8_dequantize(_from_cm(raw, (t, L * r)), self.coef_scale)
+            return fp8_dequantize(from_channel_major(raw, (t, L * r)), self.coef_scale)
         return self.bf16.decode(blob, (t, L * r), what).float()
 
     def _decode_features(self, blob, shape, what) -> torch.Tensor:
@@ -127,14 +133,14 @@ class LowRankCodec(_LossyBase):
         if L <= 0 or h != self.hidden_size or r != self.rank:
             raise CacheCorruptError(f"codec_state.arrow: basis shape {(L, h, r)} does not fit rank {self.rank} "
                                     f"/ hidden {self.hidden_size}")
-        basis = _finite_f32(arrays["basis"], "basis")
-        mean = _finite_f32(arrays["mean"], "mean")
+        basis = finite_f32(arrays["basis"], "basis")
+        mean = finite_f32(arrays["mean"], "mean")
         if basis.size != L * h * r or mean.size != L * h:
             raise CacheCorruptError("codec_state.arrow: basis/mean sizes do not match their shape")
         self.basis = torch.from_numpy(basis.copy()).reshape(L, h, r)
         self.mean = torch.from_numpy(mean.copy()).reshape(L, h)
         if self.coef == "fp8":
-            cs = _finite_f32(arrays["coef_scale"], "coef_scale")
+            cs = finite_f32(arrays["coef_scale"], "coef_scale")
             if cs.size != L * r or (cs <= 0).any():
                 raise CacheCorruptError("codec_state.arrow: bad coef_scale")
             self.coef_scale = torch.from_numpy(cs.copy())

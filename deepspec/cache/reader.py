@@ -11,8 +11,8 @@ import torch
 
 from .codecs import Codec, decode_array, get_codec, same_spec
 from .errors import CacheCorruptError, CacheError
-from .format import (_ARROW_ERRORS, CODEC_STATE, INDEX, INDEX_FIELDS, MANIFEST, SHARD_FIELDS, open_ipc,
-                     raw_bytes_per_token, read_json, schema_meta, sha256_bytes, sha256_file)
+from .format import (ARROW_ERRORS, CODEC_STATE, INDEX, INDEX_FIELDS, MANIFEST, SHARD_FIELDS, open_ipc,
+                     raw_bytes_per_token, read_json, schema_meta, sha256_bytes, sha256_file, state_from_bytes)
 from .manifest import check_manifest, compare
 
 
@@ -76,7 +76,7 @@ class CacheReader:
             table.validate(full=True)
         except CacheCorruptError:
             raise
-        except _ARROW_ERRORS as e:
+        except ARROW_ERRORS as e:
             raise CacheCorruptError(f"{what}: {e}") from None
         n = self.manifest["num_samples"]
         if table.num_rows != n:
@@ -89,7 +89,7 @@ class CacheReader:
             self.lengths = col("num_tokens").astype(np.int64)
             self.loss_lengths = col("num_loss_tokens").astype(np.int64)
             self.ids: List[str] = table.column("id").to_pylist()
-        except _ARROW_ERRORS as e:
+        except ARROW_ERRORS as e:
             raise CacheCorruptError(f"{what}: {e}") from None
         if n and (self._shard_of.min() < 0 or self._shard_of.max() >= len(self._shard_files)):
             raise CacheCorruptError(f"{what}: shard numbers out of range")
@@ -112,13 +112,7 @@ class CacheReader:
             raise CacheCorruptError(f"{CODEC_STATE}: missing") from None
         if sha256_bytes(data) != st["sha256"]:
             raise CacheCorruptError(f"{CODEC_STATE}: sha256 does not match the manifest")
-        try:
-            table = pa.ipc.open_file(pa.py_buffer(data)).read_all()
-            arrays = {k: np.asarray(table.column(k).combine_chunks().flatten().to_numpy(zero_copy_only=False))
-                      for k in table.column_names}
-        except _ARROW_ERRORS as e:
-            raise CacheCorruptError(f"{CODEC_STATE}: {e}") from None
-        self.codec.load_state_arrays(arrays)
+        self.codec.load_state_arrays(state_from_bytes(data, CODEC_STATE))
 
     # -- shards ----------------------------------------------------------------------------------
     def _shard(self, k: int) -> _Shard:
@@ -155,7 +149,7 @@ class CacheReader:
         except CacheCorruptError:
             mm.close()
             raise
-        except _ARROW_ERRORS as e:
+        except ARROW_ERRORS as e:
             mm.close()
             raise CacheCorruptError(f"{name}: {type(e).__name__}: {e}") from None
         expect = self.manifest["shards"][k]["samples"]
@@ -202,7 +196,7 @@ class CacheReader:
             sidx = get("sample_index").as_py()
             t = get("num_tokens").as_py()
             blobs = {c: get(c).as_buffer() for c in ("input_ids", "loss_mask", "features", "last_hidden")}
-        except _ARROW_ERRORS + (AttributeError,) as e:
+        except ARROW_ERRORS + (AttributeError,) as e:
             raise CacheCorruptError(f"{what}: {type(e).__name__}: {e}") from None
         if sidx != int(self.sample_indices[i]) or t != int(self.lengths[i]):
             raise CacheCorruptError(f"{what}: holds sample {sidx} with {t} tokens, index expects "

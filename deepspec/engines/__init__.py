@@ -1,10 +1,12 @@
-"""Generation engines (embedded transformers, OpenAI-compatible client), the regeneration
-job behind `prepare` and a small OpenAI-compatible server (`deepspec serve`: `server` starts it,
-`handler` answers HTTP, `chat_request` validates, `batcher` batches generation)."""
+"""Generation engines (embedded transformers, OpenAI-compatible client), chosen by `build_engine`,
+and a small OpenAI-compatible server (`deepspec serve`: `server` starts it, `handler` answers HTTP,
+`chat_request` validates, `batcher` batches generation).  The regeneration job that drives them is
+`deepspec.prepare.regen`."""
 from .base import (Completion, Engine, EngineError, GenerationError, Messages, SamplingParams, sample_seed)
+from .factory import build_engine
 
 __all__ = ["Completion", "Engine", "EngineError", "GenerationError", "Messages", "SamplingParams",
-           "sample_seed", "HFEngine", "OpenAIEngine", "build_engine", "regenerate", "RegenError"]
+           "sample_seed", "HFEngine", "OpenAIEngine", "build_engine"]
 
 
 def __getattr__(name):  # heavy imports (torch, transformers, requests) only when used
@@ -14,7 +16,4 @@ def __getattr__(name):  # heavy imports (torch, transformers, requests) only whe
     if name == "OpenAIEngine":
         from .openai_client import OpenAIEngine
         return OpenAIEngine
-    if name in ("regenerate", "build_engine", "RegenError"):
-        from . import regen
-        return getattr(regen, name)
     raise AttributeError(name)

@@ -13,7 +13,10 @@ import logging
 from typing import Any, Dict, List, Optional, Sequence
 
 import torch
+from transformers import GenerationConfig, LogitsProcessorList
 
+from ..targets import load_target
+from ..targets.chat import encode_prompt
 from .base import Completion, Engine, GenerationError, Messages, Result, SamplingParams, SeedKey, sample_seed
 from .sampling import PerRowSampler
 
@@ -57,7 +60,6 @@ class HFEngine(Engine):
 
     @classmethod
     def from_config(cls, cfg, device: Optional[str] = None) -> "HFEngine":
-        from ..targets import load_target
         target = load_target(cfg.target, device=device)
         max_prompt = cfg.engine.max_prompt_tokens or cfg.data.max_length
         return cls.from_target(target, batch_size=cfg.engine.batch_size, max_prompt_tokens=max_prompt)
@@ -77,7 +79,6 @@ class HFEngine(Engine):
 
     # -- prompts -------------------------------------------------------------------------
     def encode(self, messages: Messages) -> List[int]:
-        from ..targets.chat import encode_prompt
         return encode_prompt(self.tokenizer, messages, **self.chat_template_kwargs)
 
     # -- generation ----------------------------------------------------------------------
@@ -122,7 +123,6 @@ class HFEngine(Engine):
 
     @torch.inference_mode()
     def _generate_batch(self, batch: List[List[int]], seeds: List[int], params: SamplingParams) -> List[Result]:
-        from transformers import GenerationConfig, LogitsProcessorList
         dev = self.device
         T = max(len(x) for x in batch)
         input_ids = torch.full((len(batch), T), self.pad_token_id, dtype=torch.long)

@@ -12,13 +12,13 @@ validated: bad JSON, wrong types or absurd values get a 4xx JSON error, never a
 crash.  A request's ``seed`` is used as that sample's own seed, so
 ``seed=sample_seed(s, key)`` reproduces the embedded engine's output exactly.
 
-`Faults` is a **test-only** hook (``serve_in_thread(..., faults=Faults(...))``): it
+`handler.Faults` is a **test-only** hook (``serve_in_thread(..., faults=Faults(...))``): it
 answers 500 or stalls for chosen requests so the client's retries, timeouts and
 error files can be exercised against a real server.
 
 This module starts and stops servers (`serve_in_thread`, ``main``); the parts are
 `chat_request` (validation), `batcher` (dynamic batching) and `handler` (`ChatServer`, the
-HTTP handler, `Faults`), whose names stay importable from here.
+HTTP handler, `Faults`).
 """
 from __future__ import annotations
 
@@ -29,9 +29,7 @@ import sys
 import threading
 
 from .base import Engine
-from .batcher import Batcher  # noqa: F401  (re-exported)
-from .chat_request import ROLES, BadRequest, parse_request  # noqa: F401  (re-exported)
-from .handler import DEFAULT_MAX_BODY, ChatServer, Faults  # noqa: F401  (Faults: re-exported)
+from .handler import DEFAULT_MAX_BODY, ChatServer
 
 
 # -- starting and stopping servers --------------------------------------------------------------------

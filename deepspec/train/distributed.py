@@ -14,6 +14,8 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from ..utils.dist_env import local_rank, rank_world
+
 STRATEGIES = ("single", "ddp", "fsdp", "deepspeed")   # train.strategy (implemented in `strategies`)
 
 
@@ -49,18 +51,17 @@ def init_distributed(train_cfg, device_name: str = "auto") -> DistEnv:
     strategy = train_cfg.strategy
     if strategy not in STRATEGIES:
         raise ValueError(f"train.strategy={strategy!r}: choose from {', '.join(STRATEGIES)}")
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    rank, world = rank_world()
+    local = local_rank()
     if world > 1 and strategy == "single":
         raise ValueError(f"train.strategy=single cannot run with {world} processes; use ddp, fsdp or deepspeed")
     cuda = torch.cuda.is_available() and device_name in ("auto", "cuda") or device_name.startswith("cuda")
     if cuda:
-        torch.cuda.set_device(local_rank if device_name in ("auto", "cuda") else torch.device(device_name))
+        torch.cuda.set_device(local if device_name in ("auto", "cuda") else torch.device(device_name))
         device = torch.device("cuda", torch.cuda.current_device())
     else:
         device = torch.device("cpu")
-    env = DistEnv(rank=rank, world_size=world, local_rank=local_rank, device=device)
+    env = DistEnv(rank=rank, world_size=world, local_rank=local, device=device)
     need_group = world > 1 or strategy in ("fsdp", "deepspeed")
     if need_group and not dist.is_initialized():
         backend = train_cfg.dist_backend or ("nccl" if device.type == "cuda" else "gloo")

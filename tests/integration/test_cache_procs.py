@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from deepspec.cache import CacheReader, build_cache
+from deepspec.cache import CacheReader
 from deepspec.cache.format import MANIFEST
-from deepspec.cache.testing import write_regen_jsonl
+from deepspec.prepare import build_cache
+from deepspec.prepare.synthetic import write_regen_jsonl
 from deepspec.config import load_config
 from deepspec.targets import load_target
 
@@ -61,7 +62,7 @@ def test_kill9_mid_build_then_resume_is_bit_identical(tmp_path, target):
                       progress=False)
     run = tmp_path / "run"
     cache = run / "cache"
-    cmd = [sys.executable, "-m", "deepspec.cache", "build", *_overrides(run, 4), "--regen", str(regen),
+    cmd = [sys.executable, "-m", "deepspec.cli", "cache", "build", *_overrides(run, 4), "--regen", str(regen),
            "--no-progress"]
     proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     killed_mid_write = False
@@ -100,7 +101,7 @@ def test_torchrun_two_ranks_equal_one_rank(tmp_path, target):
                       progress=False)
     run = tmp_path / "two"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "deepspec.cache", "build", *_overrides(run, 3), "--regen", str(regen), "--no-progress"]
+           "-m", "deepspec.cli", "cache", "build", *_overrides(run, 3), "--regen", str(regen), "--no-progress"]
     res = subprocess.run(cmd, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                          timeout=300)
     out = res.stdout.decode(errors="replace")

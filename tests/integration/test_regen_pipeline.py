@@ -13,8 +13,10 @@ import pytest
 import torch
 
 from deepspec.config import load_config
-from deepspec.engines.regen import RegenError, regenerate
-from deepspec.engines.server import Faults, serve_in_thread
+from deepspec.engines.handler import Faults
+from deepspec.engines.server import serve_in_thread
+from deepspec.prepare.regen import regenerate
+from deepspec.prepare.regen_job import RegenError
 
 pytestmark = pytest.mark.integration
 torch.set_num_threads(1)
@@ -174,7 +176,7 @@ def test_openai_engine_with_faults_errors_and_retry(tmp_path):
 
 
 SCRIPT = ("import sys, torch; torch.set_num_threads(1); "
-          "from deepspec.config import load_config; from deepspec.engines.regen import regenerate; "
+          "from deepspec.config import load_config; from deepspec.prepare.regen import regenerate; "
           "regenerate(load_config(sys.argv[1:]))")
 
 

@@ -51,7 +51,7 @@ def _english(text: str) -> bool:
 @pytest.mark.slow
 def test_reference_target_regenerates_sharegpt(tmp_path, reference_target_dir):
     from deepspec.engines.hf import HFEngine
-    from deepspec.engines.regen import regenerate
+    from deepspec.prepare.regen import regenerate
     from deepspec.engines.server import serve_in_thread
     base = ["target=smollm2_135m", "target.path=reference:smollm2-135m", "target.device=cpu",
             "data=sharegpt", "data.max_samples=3", "data.heldout_fraction=0", "engine.max_new_tokens=32",
@@ -86,7 +86,7 @@ def test_torchrun_data_parallel_merges_in_input_order(tmp_path):
           "data.heldout_fraction=0", "engine.max_new_tokens=6", "engine.batch_size=2", "engine.temperature=0.7",
           "engine.progress=false"]
     script = ("import sys, torch; torch.set_num_threads(1); from deepspec.config import load_config; "
-              "from deepspec.engines.regen import regenerate; regenerate(load_config(sys.argv[1:]))")
+              "from deepspec.prepare.regen import regenerate; regenerate(load_config(sys.argv[1:]))")
     script_file = tmp_path / "run_regen.py"
     script_file.write_text(script.replace("; ", "\n"))
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
@@ -94,7 +94,7 @@ def test_torchrun_data_parallel_merges_in_input_order(tmp_path):
                           f"run_dir={tmp_path / 'dp'}"], cwd=REPO, env=env, capture_output=True, text=True,
                          timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
-    from deepspec.engines.regen import regenerate
+    from deepspec.prepare.regen import regenerate
     dp = _read(tmp_path / "dp" / "regen" / "regen.jsonl")
     single = _read(regenerate(load_config(ov + [f"run_dir={tmp_path / 'single'}"])))
     assert [r["id"] for r in dp] == [f"q{i}" for i in range(11)]

@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from deepspec.cache import CacheReader, build_cache
+from deepspec.cache import CacheReader
 from deepspec.cache.format import MANIFEST, shard_name, sidecar_name
-from deepspec.cache.testing import write_regen_jsonl
+from deepspec.prepare import build_cache
+from deepspec.prepare.synthetic import write_regen_jsonl
 from deepspec.config import load_config
 from deepspec.targets import load_target
 
@@ -44,7 +45,7 @@ def test_sigterm_mid_build_rolls_back_the_shard_and_resumes(tmp_path):
                       progress=False)
     run = tmp_path / "run"
     cache = run / "cache"
-    cmd = [sys.executable, "-m", "deepspec.cache", "build", *BASE, f"run_dir={run}", "--regen", str(regen),
+    cmd = [sys.executable, "-m", "deepspec.cli", "cache", "build", *BASE, f"run_dir={run}", "--regen", str(regen),
            "--no-progress"]
     proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     sent = False

@@ -1,6 +1,6 @@
 """Training from the hidden-state cache vs online (the frozen target inside training).
 
-A tiny cache is built with `deepspec.cache.build_cache` from synthetic regenerated
+A tiny cache is built with `deepspec.prepare.build_cache` from synthetic regenerated
 conversations; the same micro-batch then gives the same loss from the cache and online, for
 every registered drafter, and short training runs follow the same trajectory.
 Measured (tiny fp32 target on CPU, bf16 features on both sides): features, per-drafter losses
@@ -14,8 +14,9 @@ import json
 import pytest
 import torch
 
-from deepspec.cache import CacheReader, CacheMismatchError, build_cache
-from deepspec.cache.testing import write_regen_jsonl
+from deepspec.cache import CacheReader, CacheMismatchError
+from deepspec.prepare import build_cache
+from deepspec.prepare.synthetic import write_regen_jsonl
 from deepspec.config import load_config
 from deepspec.drafts import build_drafter
 from deepspec.targets import load_target

@@ -8,11 +8,12 @@ import pyarrow as pa
 import pytest
 import torch
 
-from deepspec.cache import CacheCorruptError, CacheError, CacheMismatchError, CacheReader, build_cache
+from deepspec.cache import CacheCorruptError, CacheError, CacheMismatchError, CacheReader
 from deepspec.cache import cli
-from deepspec.cache.build import _batches, _capture, _pad_id, _tokenize, finalize_cache
 from deepspec.cache.format import INDEX, MANIFEST, SCHEMA_META_KEY, sha256_file, shard_name, sidecar_name
-from deepspec.cache.testing import write_regen_jsonl
+from deepspec.prepare import build_cache, finalize_cache
+from deepspec.prepare.samples import capture_batch, length_batches, pad_token_id, tokenize_records
+from deepspec.prepare.synthetic import write_regen_jsonl
 from deepspec.config import load_config
 from deepspec.targets import TargetAdapter, load_target
 
@@ -61,9 +62,9 @@ def test_roundtrip_bit_exact(built, target):
     expect = {}
     for k in range(r.manifest["source"]["num_records"] // 4 + 1):
         recs = [(i, lines[i]) for i in range(4 * k, min(4 * k + 4, len(lines))) if lines[i].strip()]
-        items = _tokenize(target, recs, regen, 96, "error", [])
-        for batch in _batches(items, 200):
-            f, h = _capture(target, batch, _pad_id(target))
+        items = tokenize_records(target, recs, regen, 96, "error", [])
+        for batch in length_batches(items, 200):
+            f, h = capture_batch(target, batch, pad_token_id(target))
             for b, it in enumerate(batch):
                 t = len(it["ids"])
                 expect[it["index"]] = (it, f[b, :t], h[b, :t])

@@ -9,10 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from deepspec.cache import CacheReader, build_cache, get_codec
+from deepspec.cache import CacheReader, get_codec
+from deepspec.cache.codec_error import reconstruction_error
 from deepspec.cache.errors import CacheCorruptError, CacheError
-from deepspec.cache.lossy import (reconstruction_error, state_from_bytes, state_to_bytes)
-from deepspec.cache.testing import write_regen_jsonl
+from deepspec.cache.format import state_from_bytes, state_to_bytes
+from deepspec.prepare import build_cache
+from deepspec.prepare.synthetic import write_regen_jsonl
 from deepspec.config import load_config
 from deepspec.targets import load_target
 

@@ -5,8 +5,8 @@ import json
 import pytest
 import torch
 
-from deepspec.cache import plan as planmod
-from deepspec.cache.testing import write_regen_jsonl
+from deepspec.experiments import plan as planmod
+from deepspec.prepare.synthetic import write_regen_jsonl
 from deepspec.config import load_config
 from deepspec.targets import load_target
 

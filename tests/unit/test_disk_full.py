@@ -73,8 +73,9 @@ def engine():
 
 
 def test_regeneration_disk_full_keeps_whole_lines_and_resumes(tmp_path, engine, monkeypatch, capsys):
-    from deepspec.engines import parts
-    from deepspec.engines.regen import RegenPaths, regenerate
+    from deepspec.prepare import parts
+    from deepspec.prepare.regen import regenerate
+    from deepspec.prepare.regen_job import RegenPaths
     data = _prompts(tmp_path / "in.jsonl", 8)
     ref = _read(regenerate(_regen_cfg(tmp_path / "ref", data), engine=engine))
     cfg = _regen_cfg(tmp_path / "run", data)
@@ -138,10 +139,11 @@ def _cache_cfg(run_dir):
 
 
 def test_cache_build_disk_full_keeps_committed_shards_and_resumes(tmp_path, monkeypatch):
-    from deepspec.cache import CacheReader, build_cache
+    from deepspec.cache import CacheReader
     from deepspec.cache import format as fmt
     from deepspec.cache.format import MANIFEST, shard_name, sidecar_name
-    from deepspec.cache.testing import write_regen_jsonl
+    from deepspec.prepare import build_cache
+    from deepspec.prepare.synthetic import write_regen_jsonl
     from deepspec.targets import load_target
     regen = write_regen_jsonl(tmp_path / "regen.jsonl", 8, seed=5, max_words=8)
     target = load_target(_cache_cfg(tmp_path).target)
@@ -215,7 +217,7 @@ def test_checkpoint_disk_full_keeps_the_last_checkpoint_and_resumes(tmp_path, mo
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    from deepspec.cache.testing import write_regen_jsonl
+    from deepspec.prepare.synthetic import write_regen_jsonl
     from deepspec.train import checkpoint as ckpt
     from deepspec.train.loop import run
     monkeypatch.setenv("DEEPSPEC_NO_PROGRESS", "1")

@@ -5,8 +5,8 @@ import json
 
 from deepspec.data import Conversation
 from deepspec.engines.base import Completion, GenerationError
-from deepspec.engines.parts import PartStore
-from deepspec.engines.regen import _SampleRun, plan_turns
+from deepspec.prepare.parts import PartStore
+from deepspec.prepare.turns import SampleRun, plan_turns
 
 
 def test_torn_last_line_ignored_and_cut_before_append(tmp_path):
@@ -50,7 +50,7 @@ def test_sample_run_multi_turn_and_truncation():
     c = Conversation(id="x", messages=[{"role": "user", "content": "q1"}, {"role": "assistant", "content": "old"},
                                        {"role": "user", "content": "q2"}, {"role": "user", "content": "q3"},
                                        {"role": "assistant", "content": "old"}, {"role": "user", "content": "q4"}])
-    r = _SampleRun(0, c, None)
+    r = SampleRun(0, c, None)
     assert r.prompt() == [{"role": "user", "content": "q1"}]
     r.accept(Completion("A1", num_tokens=3))
     assert r.prompt() == [{"role": "user", "content": "q1"}, {"role": "assistant", "content": "A1"},
@@ -61,6 +61,6 @@ def test_sample_run_multi_turn_and_truncation():
     assert e["ok"] and e["sample"]["conversations"][-1] == {"role": "assistant", "content": "A1"}
     assert e["sample"]["meta"]["truncated_turns"] == 2 and e["sample"]["meta"]["num_tokens"] == 3
     # a first turn that does not fit is a failure
-    r2 = _SampleRun(1, c, None)
+    r2 = SampleRun(1, c, None)
     r2.accept(GenerationError("too long", code="prompt_too_long"))
     assert not r2.entry({})["ok"]

@@ -18,11 +18,11 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from deepspec.cache import CacheError, CacheReader, build_cache
+from deepspec.cache import CacheError, CacheReader
 from deepspec.cache import cli
-from deepspec.cache.build import finalize_cache
 from deepspec.cache.format import BUILD_INFO, INDEX, MANIFEST, shard_name, sidecar_name
-from deepspec.cache.testing import write_regen_jsonl
+from deepspec.prepare import build_cache, finalize_cache
+from deepspec.prepare.synthetic import write_regen_jsonl
 from deepspec.config import load_config
 from deepspec.targets import load_target
 

@@ -92,7 +92,8 @@ def _read(p: Path):
 
 def test_regeneration_stops_on_sigterm_with_whole_lines_and_resumes(tmp_path, capsys):
     from deepspec.engines.hf import HFEngine
-    from deepspec.engines.regen import RegenPaths, main, regenerate
+    from deepspec.prepare.regen import main, regenerate
+    from deepspec.prepare.regen_job import RegenPaths
     n = 24
     data = tmp_path / "in.jsonl"
     data.write_text("".join(json.dumps({"id": f"p{i}", "turns": [f"say {i}"]}) + "\n" for i in range(n)))

@@ -19,7 +19,8 @@ import torch
 
 from deepspec.config import load_config, to_yaml
 from deepspec.engines.base import EngineError
-from deepspec.engines.server import Faults, serve_in_thread
+from deepspec.engines.handler import Faults
+from deepspec.engines.server import serve_in_thread
 
 torch.set_num_threads(1)
 KEY = "sk-test-DO-NOT-LEAK-5f2c9a"

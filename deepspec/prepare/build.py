@@ -14,9 +14,9 @@ shards, deletes uncommitted leftovers and builds the missing ones.  Whoever find
 every shard committed (the last rank to finish, a waiting rank, or
 ``finalize_cache``) writes ``index.arrow`` and then ``manifest.json``.
 
-Split by job: `samples` (read, tokenise, batch, capture, encode), `buildinfo`
-(``build.json`` and its key), `finalize` (index + manifest, waiting for the other ranks);
-their public names stay importable from here.
+The parts: `samples` (read, tokenise, batch, capture, encode), `buildinfo` (``build.json`` and
+its key), `calibrate` (a lossy codec's fitted state), `finalize` (index + manifest, waiting for
+the other ranks); the on-disk format itself is `deepspec.cache.format`.
 """
 from __future__ import annotations
 
@@ -29,40 +29,34 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
+import torch.distributed as dist
+from tqdm.auto import tqdm
 
 from .. import paths
-from .codecs import Codec, codec_from_config
+from ..cache.codecs import Codec, codec_from_config
+from ..cache.errors import CacheCorruptError, CacheError, CacheMismatchError
+from ..cache.format import (BUILD_INFO, FORMAT_NAME, FORMAT_VERSION, MANIFEST, TMP_PREFIX, ShardWriter,
+                            atomic_write_json, read_json, shard_name, sidecar_name)
+from ..targets import load_target
+from ..utils.dist_env import local_rank, local_world_size, rank_world
 from ..utils.fs import with_path
 from ..utils.signals import GracefulStop, deferred, sigterm_as_interrupt
-from .errors import CacheCorruptError, CacheError, CacheMismatchError
-from .format import (BUILD_INFO, FORMAT_NAME, FORMAT_VERSION, MANIFEST, TMP_PREFIX, ShardWriter,
-                     atomic_write_json, read_json, shard_name, sidecar_name)
-from .buildinfo import _check_existing, build_info, build_key  # noqa: F401  (build_key: re-exported)
+from .buildinfo import build_info, check_existing
+from .calibrate import prepare_codec_state
 from .finalize import finalize_cache, wait_for_manifest
-from .samples import (_batches, _capture, _encode_row, _pad_id, _tokenize,  # noqa: F401  (re-exported)
-                      iter_shards, scan_source)
+from .samples import (capture_batch, encode_row, iter_shards, length_batches, pad_token_id, scan_source,
+                      tokenize_records)
 
 log = logging.getLogger(__name__)
 
 
 # -- ranks ---------------------------------------------------------------------------------------------
-def resolve_rank(rank: Optional[int] = None, world_size: Optional[int] = None) -> Tuple[int, int]:
-    """Explicit args, else an initialised torch.distributed group, else RANK/WORLD_SIZE, else 0/1."""
-    if rank is None or world_size is None:
-        try:
-            import torch.distributed as dist
-            if dist.is_available() and dist.is_initialized():
-                rank = dist.get_rank() if rank is None else rank
-                world_size = dist.get_world_size() if world_size is None else world_size
-        except Exception:  # pragma: no cover
-            pass
-    if rank is None:
-        rank = int(os.environ.get("RANK", "0"))
-    if world_size is None:
-        world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise CacheError(f"bad rank {rank} for world size {world_size}")
-    return int(rank), int(world_size)
+def _rank_world(rank: Optional[int], world_size: Optional[int]) -> Tuple[int, int]:
+    """`rank_world`; a rank that does not fit the world size is a `CacheError` (one line at the CLI)."""
+    try:
+        return rank_world(rank, world_size)
+    except ValueError as e:
+        raise CacheError(str(e)) from None
 
 
 # -- per-shard work --------------------------------------------------------------------------------------
@@ -73,7 +67,6 @@ class _Progress:
         self.tokens = 0
         self.bytes = 0
         if enabled:
-            from tqdm.auto import tqdm
             self.bar = tqdm(total=total, desc=desc, unit="sample", dynamic_ncols=True, smoothing=0.1)
 
     def update(self, samples: int, tokens: int, nbytes: int) -> None:
@@ -93,14 +86,14 @@ class _Progress:
 def _build_shard(out: Path, k: int, records, target, codec: Codec, info: Dict[str, Any], cfg, src: Path,
                  pool: ThreadPoolExecutor, progress: _Progress, tag: str) -> Dict[str, Any]:
     skipped: List[Dict[str, Any]] = []
-    items = _tokenize(target, records, src, int(cfg.data.max_length), cfg.data.on_error, skipped)
+    items = tokenize_records(target, records, src, int(cfg.data.max_length), cfg.data.on_error, skipped)
     meta = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "codec": info["codec"],
             "feature_dim": info["feature_dim"], "hidden_size": info["hidden_size"], "shard": k,
             "build_key": info["build_key"]}
     if info.get("codec_state"):  # lossy codecs: shards are tied to their fitted codec state
         meta["codec_state_sha256"] = info["codec_state"]["sha256"]
     writer = ShardWriter(out, k, meta, tag=tag)
-    pad_id = _pad_id(target)
+    pad_id = pad_token_id(target)
     pending: deque = deque()
 
     def drain(limit: int) -> None:
@@ -112,9 +105,9 @@ def _build_shard(out: Path, k: int, records, target, codec: Codec, info: Dict[st
                             sum(len(r["features"]) + len(r["last_hidden"]) for r in rows))
 
     try:
-        for batch in _batches(items, max(1, int(cfg.cache.batch_tokens))):
-            feats, last = _capture(target, batch, pad_id)
-            pending.append([pool.submit(_encode_row, codec, it, feats[b], last[b]) for b, it in enumerate(batch)])
+        for batch in length_batches(items, max(1, int(cfg.cache.batch_tokens))):
+            feats, last = capture_batch(target, batch, pad_id)
+            pending.append([pool.submit(encode_row, codec, it, feats[b], last[b]) for b, it in enumerate(batch)])
             drain(1)  # keep one batch compressing while the target runs the next
         drain(0)
         lo, hi = k * info["shard_samples"], min((k + 1) * info["shard_samples"], info["num_records"])
@@ -170,7 +163,7 @@ def encode_threads(cfg, world: int) -> int:
     n = int(cfg.cache.encode_threads)
     if n > 0:
         return n
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    local = local_world_size(default=world)
     return max(1, min(8, (os.cpu_count() or 2) // max(1, local) - 1))
 
 
@@ -198,28 +191,26 @@ def build_cache(cfg, regen_path=None, target=None, *, rank: Optional[int] = None
 
 
 def _build_cache(cfg, regen_path, target, *, rank, world_size, wait, progress, poll_s, wait_timeout_s) -> Path:
-    rank, world = resolve_rank(rank, world_size)
+    rank, world = _rank_world(rank, world_size)
     out = paths.cache_dir(cfg)
     src = Path(regen_path) if regen_path is not None else paths.regen_path(cfg)
     if not src.is_file():
         raise CacheError(f"regenerated conversations not found: {src} (run the regeneration step first "
                          f"or set data.regen_path)")
     if target is None:
-        from ..targets import load_target
         device = None
         if world > 1 and cfg.target.device == "auto" and torch.cuda.is_available():
-            device = f"cuda:{int(os.environ.get('LOCAL_RANK', rank % max(torch.cuda.device_count(), 1)))}"
+            device = f"cuda:{local_rank(default=rank % max(torch.cuda.device_count(), 1))}"
         target = load_target(cfg.target, device=device)
     codec = codec_from_config(cfg.cache)
     sha, n_lines, _ = scan_source(src)
     info = build_info(cfg, target, codec, src, sha, n_lines)
     out.mkdir(parents=True, exist_ok=True)
-    old = _check_existing(out, info)
+    old = check_existing(out, info)
     if (out / MANIFEST).is_file():
         log.info("cache %s is already complete", out)
         return out
-    if codec.needs_calibration:  # lossy codecs: fit (or reload) codec_state.arrow (codec_state.py)
-        from .codec_state import prepare_codec_state
+    if codec.needs_calibration:  # lossy codecs: fit (or reload) codec_state.arrow
         info.update(prepare_codec_state(cfg, target, codec, src, out, old, rank))
     if old is None or (codec.needs_calibration and "codec_state" not in old):
         atomic_write_json(out / BUILD_INFO, info, tag=f"r{rank}-")
@@ -246,10 +237,6 @@ def _build_cache(cfg, regen_path, target, *, rank, world_size, wait, progress, p
     done = finalize_cache(out)
     if not done and wait:
         wait_for_manifest(out, rank, poll_s, wait_timeout_s)
-    try:
-        import torch.distributed as dist
-        if wait and dist.is_available() and dist.is_initialized():
-            dist.barrier()
-    except Exception:  # pragma: no cover
-        pass
+    if wait and dist.is_available() and dist.is_initialized():
+        dist.barrier()
     return out

@@ -14,7 +14,7 @@ per-position acceptance over thousands of positions, paired across codecs.  Writ
 ``gate.md`` into the output directory.
 
     deepspec cache gate [OVERRIDES…] --regen PATH [--codecs bf16,fp8,lowrank] [--out DIR] [--tolerance 0.02]
-    deepspec.cache.gate.run(cfg, codecs=["bf16", "fp8", "lowrank"], regen_path=..., out_dir=...)
+    deepspec.experiments.gate.run(cfg, codecs=["bf16", "fp8", "lowrank"], regen_path=..., out_dir=...)
 
 Caches, runs and evals live under ``out/{cache,run,eval}-<label>``; a codec may be given with
 its parameters as ``lowrank:rank=64:coef=fp8`` (label ``lowrank-r64-fp8``).
@@ -29,7 +29,17 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
-from .errors import CacheError
+import torch
+
+from .. import paths
+from ..cache import CacheError, CacheReader
+from ..cache.format import raw_bytes_per_token
+from ..drafts.registry import load_drafter
+from ..eval.runner import run as eval_run
+from ..prepare.build import build_cache
+from ..targets import load_target
+from ..train.data import CachedSequences, build_micro_batch, split_heldout
+from ..train.loop import run as train_run
 
 log = logging.getLogger(__name__)
 
@@ -79,13 +89,6 @@ def _tau(summary: Dict[str, Any]) -> float:
 def run(cfg, codecs: Sequence[str] = ("bf16", "fp8", "lowrank"), regen_path: Union[str, Path, None] = None,
         out_dir: Union[str, Path, None] = None, tolerance: float = 0.02, target=None) -> Dict[str, Any]:
     """Build, train and evaluate per codec; returns the gate report (also gate.json / gate.md)."""
-    from .. import paths
-    from ..eval.runner import run as eval_run
-    from ..train.loop import run as train_run
-    from .build import build_cache
-    from .reader import CacheReader
-    from .format import raw_bytes_per_token
-
     regen = Path(regen_path) if regen_path else paths.regen_path(cfg)
     if not regen.is_file():
         raise CacheError(f"gate: regen JSONL not found: {regen}")
@@ -95,7 +98,6 @@ def run(cfg, codecs: Sequence[str] = ("bf16", "fp8", "lowrank"), regen_path: Uni
     if not specs:
         raise CacheError("gate: no codec given")
     if target is None and cfg.train.heldout_fraction and cfg.train.heldout_fraction > 0:
-        from ..targets import load_target
         target = load_target(cfg.target)   # once, for every codec's held-out scoring
     rows: List[Dict[str, Any]] = []
     for name, over, label in specs:
@@ -151,11 +153,6 @@ def run(cfg, codecs: Sequence[str] = ("bf16", "fp8", "lowrank"), regen_path: Uni
 
 def _heldout_on(cache_dir, cfg, ckpt, target) -> Optional[Dict[str, Any]]:
     """Teacher-forced metrics of ``ckpt`` on the held-out split of ``cache_dir`` (one batch)."""
-    import torch
-    from ..drafts.registry import load_drafter
-    from ..train.data import CachedSequences, build_micro_batch, split_heldout
-    from .reader import CacheReader
-
     tc = cfg.train
     if not tc.heldout_fraction or tc.heldout_fraction <= 0:
         return None

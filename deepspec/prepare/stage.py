@@ -8,15 +8,15 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from .config import DeepSpecConfig, save_config
-from .paths import cache_dir, regen_path, run_dir
+from ..config import DeepSpecConfig, save_config
+from ..paths import cache_dir, regen_path, run_dir
+from .build import build_cache
+from .regen import regenerate
 
 log = logging.getLogger(__name__)
 
 
 def run(cfg: DeepSpecConfig) -> int:
-    from .cache.build import build_cache
-    from .engines.regen import regenerate
     save_config(cfg, run_dir(cfg))
     regen = Path(regenerate(cfg))
     log.info("regenerated conversations: %s", regen)

@@ -1,11 +1,11 @@
 """Records to shard rows: read the regen JSONL, tokenise, batch, capture, encode.
 
 ``scan_source`` fingerprints the input and ``iter_shards`` yields the lines of each wanted
-shard in one pass; ``_tokenize`` turns a shard's records into token ids + loss masks
-(skipping or refusing bad ones per ``data.on_error``), ``_batches`` packs them by length
-into capture batches, ``_capture`` runs the target over a batch and ``_encode_row`` compresses
-one sample into a shard row.  Used by the build (`build`), the codec calibration (`lossy`)
-and the measurements behind the plan (`plan`).
+shard in one pass; ``tokenize_records`` turns a shard's records into token ids + loss masks
+(skipping or refusing bad ones per ``data.on_error``), ``length_batches`` packs them by length
+into capture batches, ``capture_batch`` runs the target over a batch and ``encode_row`` compresses
+one sample into a shard row.  Used by the build (`build`), the codec calibration (`calibrate`)
+and the probes behind `deepspec plan` (`deepspec.experiments.probes`).
 """
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ import numpy as np
 import torch
 
 from ..targets.chat import ChatTemplateError
-from .codecs import Codec, encode_array
-from .errors import CacheError
+from ..cache.codecs import Codec, encode_array
+from ..cache.errors import CacheError
 
 
 # -- input ---------------------------------------------------------------------------------------------
@@ -88,7 +88,7 @@ class _Skip(Exception):
     pass
 
 
-def _tokenize(target, records, src: Path, max_length: int, on_error: str, skipped: List[Dict[str, Any]]):
+def tokenize_records(target, records, src: Path, max_length: int, on_error: str, skipped: List[Dict[str, Any]]):
     items = []
     for i, line in records:
         where = f"{src.name}:{i + 1}"
@@ -119,7 +119,7 @@ def _tokenize(target, records, src: Path, max_length: int, on_error: str, skippe
     return items
 
 
-def _batches(items, batch_tokens: int):
+def length_batches(items, batch_tokens: int):
     """Sort by length (longest first, then input order) and pack ≤ batch_tokens padded tokens."""
     order = sorted(items, key=lambda it: (-len(it["ids"]), it["index"]))
     batch: List[Dict[str, Any]] = []
@@ -134,7 +134,7 @@ def _batches(items, batch_tokens: int):
         yield batch
 
 
-def _pad_id(target) -> int:
+def pad_token_id(target) -> int:
     tok = target.tokenizer
     if getattr(tok, "pad_token_id", None) is not None:
         return int(tok.pad_token_id)
@@ -142,7 +142,7 @@ def _pad_id(target) -> int:
     return int(eos[0]) if eos else 0
 
 
-def _capture(target, batch, pad_id: int):
+def capture_batch(target, batch, pad_id: int):
     lens = [len(it["ids"]) for it in batch]
     T = max(lens)
     ids = torch.full((len(batch), T), pad_id, dtype=torch.long)
@@ -154,7 +154,7 @@ def _capture(target, batch, pad_id: int):
     return cap.features.to(torch.bfloat16).cpu(), cap.last_hidden.to(torch.bfloat16).cpu()
 
 
-def _encode_row(codec: Codec, it, feats: torch.Tensor, last: torch.Tensor) -> Dict[str, Any]:
+def encode_row(codec: Codec, it, feats: torch.Tensor, last: torch.Tensor) -> Dict[str, Any]:
     t = len(it["ids"])
     return {"sample_index": it["index"], "id": it["id"], "num_tokens": t,
             "num_loss_tokens": int(it["mask"].sum()),

@@ -15,12 +15,14 @@ from typing import Dict, Optional
 
 import pyarrow as pa
 import torch
+import transformers
 
+from .. import __version__
+from ..cache.errors import CacheCorruptError, CacheError, CacheMismatchError
+from ..cache.format import (BUILD_INFO, FORMAT_NAME, FORMAT_VERSION, INDEX, MANIFEST, TMP_PREFIX, atomic_write_json,
+                            read_json, shard_name, sidecar_name, write_index)
+from ..cache.manifest import check_manifest
 from .buildinfo import build_key
-from .errors import CacheCorruptError, CacheError, CacheMismatchError
-from .manifest import check_manifest
-from .format import (BUILD_INFO, FORMAT_NAME, FORMAT_VERSION, INDEX, MANIFEST, TMP_PREFIX, atomic_write_json,
-                     read_json, shard_name, sidecar_name, write_index)
 
 log = logging.getLogger(__name__)
 _MAX_SKIP_EXAMPLES = 20
@@ -109,7 +111,7 @@ def finalize_cache(directory, strict: bool = False) -> bool:
         "software": _software(),
     }
     manifest["stored_column_bytes"] = col_bytes
-    for k in ("codec_state", "codec_error"):  # lossy codecs (lossy.py)
+    for k in ("codec_state", "codec_error"):  # lossy codecs (calibrate.py)
         if info.get(k) is not None:
             manifest[k] = info[k]
     check_manifest(manifest, str(out / MANIFEST))   # damaged sidecar values never make a "finished" cache
@@ -127,11 +129,8 @@ def finalize_cache(directory, strict: bool = False) -> bool:
 
 
 def _software() -> Dict[str, str]:
-    import pyarrow
-    import transformers
-    from .. import __version__
     return {"deepspec": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
-            "pyarrow": pyarrow.__version__}
+            "pyarrow": pa.__version__}
 
 
 def wait_for_manifest(out: Path, rank: int, poll_s: float, wait_timeout_s: Optional[float]) -> None:

@@ -1,9 +1,9 @@
 """The short measured probes behind `deepspec plan` (`plan`), run on the current device.
 
-`_encode` tokenises the sampled conversations (assuming answer tokens for user-only records),
-`_probe_capture` runs the builder's own capture batching and codec on a few captured tokens
-(bytes/token, capture tok/s, encode MB/s), `_probe_decode` times greedy KV-cached decoding
-and `_probe_train` a forward+backward of the configured drafter.
+`encode_conversations` tokenises the sampled conversations (assuming answer tokens for user-only
+records), `probe_capture` runs the builder's own capture batching and codec on a few captured
+tokens (bytes/token, capture tok/s, encode MB/s), `probe_decode` times greedy KV-cached decoding
+and `probe_train` a forward+backward of the configured drafter.
 """
 from __future__ import annotations
 
@@ -13,12 +13,15 @@ from typing import List
 import numpy as np
 import torch
 
-from .samples import _batches, _capture, _encode_row, _pad_id
+from ..drafts import build_drafter
+from ..prepare.samples import capture_batch, encode_row, length_batches, pad_token_id
+from ..targets.chat import encode_prompt
+from ..train.anchors import sample_anchors
+from ..train.data import collate
 
 
-def _encode(target, convs, max_length: int, response_tokens: int):
+def encode_conversations(target, convs, max_length: int, response_tokens: int):
     """Token ids + loss masks; user-only records get ``response_tokens`` assumed per turn."""
-    from ..targets.chat import encode_prompt
     items, assumed = [], 0
     for conv in convs:
         try:
@@ -39,7 +42,7 @@ def _encode(target, convs, max_length: int, response_tokens: int):
     return items, assumed
 
 
-def _probe_capture(target, codec, items, probe_tokens: int, batch_tokens: int):
+def probe_capture(target, codec, items, probe_tokens: int, batch_tokens: int):
     """(tokens, bytes/token incl. ids+mask, capture tok/s, encode MB/s, captured samples)."""
     chosen, tot = [], 0
     for k, (ids, mask) in enumerate(items):
@@ -50,20 +53,20 @@ def _probe_capture(target, codec, items, probe_tokens: int, batch_tokens: int):
         tot += len(ids)
         if tot >= probe_tokens:
             break
-    pad = _pad_id(target)
-    batches = list(_batches(chosen, batch_tokens))
-    _capture(target, batches[-1][:1], pad)  # warm-up (kernels, caches)
+    pad = pad_token_id(target)
+    batches = list(length_batches(chosen, batch_tokens))
+    capture_batch(target, batches[-1][:1], pad)  # warm-up (kernels, caches)
     cap_t = enc_t = 0.0
     nbytes = raw = 0
     captured = []
     for batch in batches:
         t0 = time.perf_counter()
-        f, h = _capture(target, batch, pad)
+        f, h = capture_batch(target, batch, pad)
         if target.device.type == "cuda":
             torch.cuda.synchronize()
         t1 = time.perf_counter()
         for b, it in enumerate(batch):
-            row = _encode_row(codec, it, f[b], h[b])
+            row = encode_row(codec, it, f[b], h[b])
             nbytes += len(row["input_ids"]) + len(row["loss_mask"]) + len(row["features"]) + len(row["last_hidden"])
             t = len(it["ids"])
             raw += t * 2 * (f.shape[-1] + h.shape[-1])
@@ -76,7 +79,7 @@ def _probe_capture(target, codec, items, probe_tokens: int, batch_tokens: int):
 
 
 @torch.inference_mode()
-def _probe_decode(target, prompts: List[List[int]], steps: int) -> float:
+def probe_decode(target, prompts: List[List[int]], steps: int) -> float:
     """Greedy KV-cached decode tokens/s at batch len(prompts) (left-aligned equal-length prompts)."""
     T = min(len(p) for p in prompts)
     ids = torch.tensor([p[:T] for p in prompts], dtype=torch.long, device=target.device)
@@ -94,15 +97,12 @@ def _probe_decode(target, prompts: List[List[int]], steps: int) -> float:
     return len(prompts) * steps / (time.perf_counter() - t0)
 
 
-def _probe_train(target, cfg, captured, max_anchors: int = 64, repeats: int = 3) -> float:
+def probe_train(target, cfg, captured, max_anchors: int = 64, repeats: int = 3) -> float:
     """Drafter forward+backward on probe samples: anchor blocks per second.
 
     At most 2 sequences and ``max_anchors`` anchors each, so the probe stays short on a
     CPU; the context part of the cost is then spread over fewer anchors than in real
     training, which makes the estimate conservative."""
-    from ..drafts import build_drafter
-    from ..train.anchors import sample_anchors
-    from ..train.data import collate
     drafter = build_drafter(target, cfg.draft)
     drafter.train()
     A = int(cfg.train.anchors_per_sequence)

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any, Dict, Optional
 
 from ..targets.adapter import INDEX_CONVENTION
-from .codecs import Codec
-from .errors import CacheCorruptError, CacheError, CacheMismatchError
-from .format import BUILD_INFO, FORMAT_NAME, FORMAT_VERSION, MANIFEST, read_json
+from ..cache.codecs import Codec
+from ..cache.errors import CacheCorruptError, CacheError, CacheMismatchError
+from ..cache.format import BUILD_INFO, FORMAT_NAME, FORMAT_VERSION, MANIFEST, read_json
 
 # fields of build.json that must agree for a resume (everything but the source path)
 _KEY_FIELDS = ("format", "format_version", "target", "layer_ids", "index_convention", "hidden_size",
@@ -57,7 +57,7 @@ def _diff(a: Dict[str, Any], b: Dict[str, Any]) -> str:
     return "; ".join(out) or "build key differs"
 
 
-def _check_existing(out: Path, info: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+def check_existing(out: Path, info: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     """Refuse to mix builds; returns the old build.json (or None)."""
     for name in (MANIFEST, BUILD_INFO):
         p = out / name

@@ -24,17 +24,20 @@ import math
 import shutil
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, TextIO
 
 import numpy as np
 
 from .. import paths
-from .build import encode_threads
-from .probes import _encode, _probe_capture, _probe_decode, _probe_train
-from .codecs import codec_from_config
-from .format import raw_bytes_per_token
+from ..cache.codecs import codec_from_config
+from ..cache.format import raw_bytes_per_token
+from ..data import DataError, fallback_id, iter_jsonl, iter_source, record_to_conversation
+from ..data.sources import column_mapping
+from ..prepare.build import encode_threads
+from ..targets import load_target
+from .probes import encode_conversations, probe_capture, probe_decode, probe_train
 
 log = logging.getLogger(__name__)
 
@@ -106,8 +109,6 @@ def _regen_sample(path: Path, limit: int) -> List[List[Dict[str, str]]]:
 
 def _source_sample(cfg, prompts_path: Optional[Path], limit: int, count_s: float):
     """(sample of message lists, counted records, exact?) from the raw prompt source."""
-    from ..data import DataError, fallback_id, iter_jsonl, iter_source, record_to_conversation
-    from ..data.sources import column_mapping
     it = iter_jsonl(prompts_path) if prompts_path is not None else iter_source(cfg.data)
     columns = {} if prompts_path is not None else column_mapping(cfg.data)
     sample, n, exact = [], 0, True
@@ -175,7 +176,6 @@ def estimate(cfg, target=None, prompts_path=None, sample_records: int = 256, pro
     if not convs:
         raise SystemExit(f"deepspec plan: no readable conversations in {source}")
     if target is None:
-        from ..targets import load_target
         log.info("plan: loading the target %s", cfg.target.path)
         target = load_target(cfg.target)
     accel = target.device.type != "cpu"
@@ -184,7 +184,7 @@ def estimate(cfg, target=None, prompts_path=None, sample_records: int = 256, pro
     decode_batch = decode_batch or (8 if accel else 2)
     codec = codec_from_config(cfg.cache)
     log.info("plan: tokenizing %d sampled conversations", len(convs))
-    items, assumed = _encode(target, convs, int(cfg.data.max_length), assumed_response_tokens)
+    items, assumed = encode_conversations(target, convs, int(cfg.data.max_length), assumed_response_tokens)
     ok = [it for it in items if it is not None]
     if not ok:
         raise SystemExit("deepspec plan: no sampled conversation has assistant tokens within data.max_length")
@@ -206,8 +206,8 @@ def estimate(cfg, target=None, prompts_path=None, sample_records: int = 256, pro
     plan.raw_cache_bytes = total_tokens * plan.raw_bytes_per_token
     # capture + codec probe
     log.info("plan: capture + %s probe on %d tokens (%s)", codec.name, probe_tokens, target.device)
-    tot, bpt, cap_tps, enc_mbs, captured = _probe_capture(target, codec, ok, probe_tokens,
-                                                          max(1, min(int(cfg.cache.batch_tokens), probe_tokens)))
+    tot, bpt, cap_tps, enc_mbs, captured = probe_capture(target, codec, ok, probe_tokens,
+                                                         max(1, min(int(cfg.cache.batch_tokens), probe_tokens)))
     plan.probe_tokens, plan.codec_bytes_per_token = tot, bpt
     plan.capture_tok_s, plan.encode_mb_s = cap_tps, enc_mbs
     plan.cache_bytes = total_tokens * bpt
@@ -218,7 +218,7 @@ def estimate(cfg, target=None, prompts_path=None, sample_records: int = 256, pro
     try:
         prompts = [i[: max(8, min(64, len(i)))] for i, _ in ok[:decode_batch]]
         plan.decode_batch = len(prompts)
-        plan.decode_tok_s = _probe_decode(target, prompts, decode_steps)
+        plan.decode_tok_s = probe_decode(target, prompts, decode_steps)
         plan.regen_s = records * keep * mean_l / plan.decode_tok_s
         notes.append(f"regeneration: HF greedy decode at batch {len(prompts)}; a serving engine with larger "
                      "batches is usually much faster")
@@ -230,7 +230,7 @@ def estimate(cfg, target=None, prompts_path=None, sample_records: int = 256, pro
         try:
             gamma, cap = int(cfg.draft.gamma), int(cfg.train.anchors_per_sequence)
             plan.mean_anchors = float(np.mean([_valid_anchors(m, gamma, cap) for _, m in ok]))
-            plan.train_anchor_s = _probe_train(target, cfg, captured)
+            plan.train_anchor_s = probe_train(target, cfg, captured)
             epochs = int(cfg.train.epochs)
             steps = cfg.train.max_steps
             seqs = records * keep * epochs
@@ -313,6 +313,3 @@ def run(cfg, prompts_path=None, target=None, out: Optional[TextIO] = None, **kw)
     print(format_plan(plan), file=out or sys.stdout)
     return 0 if plan.fits else 2
 
-
-def plan_dict(plan: Plan) -> Dict[str, Any]:
-    return asdict(plan)
