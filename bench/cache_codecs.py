@@ -8,9 +8,9 @@ reads it back, then compares byte layouts of the very same hidden states:
 - encode / decode MB/s (of raw bf16 bytes, one thread),
 - the cache's own write (build) and read (CacheReader) throughput.
 
-    python bench/cache_codecs.py --samples 24 --max-length 384 --out bench/results/cache_codecs.json
+    python bench/cache_codecs.py --samples 24 --max-length 384
 
-Not a test: the numbers go to docs/cache.md with the machine and date.
+Not a test: writes `bench/results/cache_codecs.json`; docs/cache.md quotes it with the machine and date.
 """
 from __future__ import annotations
 
@@ -35,11 +35,12 @@ import zstandard as zstd
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.records import record_path  # noqa: E402
 from deepspec.cache import CacheReader  # noqa: E402
 from deepspec.cache.codecs import BF16Codec  # noqa: E402
 from deepspec.cache.format import raw_bytes_per_token  # noqa: E402
-from deepspec.prepare import build_cache  # noqa: E402
 from deepspec.config import load_config  # noqa: E402
+from deepspec.prepare import build_cache  # noqa: E402
 
 
 def sharegpt_conversations(n: int, skip: int = 0):
@@ -143,7 +144,7 @@ def main(argv=None) -> int:
     ap.add_argument("--levels", default="1,3")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--workdir", default=None)
-    ap.add_argument("--out", default=None, help="write the results as JSON")
+    ap.add_argument("--out", default=str(record_path("cache_codecs")), help="record path")
     ap.add_argument("--rebuild", action="store_true",
                     help="rebuild the cache in --workdir (default: reuse a finished one; build time is then n/a)")
     args = ap.parse_args(argv)
@@ -216,9 +217,8 @@ def main(argv=None) -> int:
         enc = f"{r['enc_mb_s']:,.0f}" if "enc_mb_s" in r else ""
         dec = f"{r['dec_mb_s']:,.0f}" if "dec_mb_s" in r else ""
         print(f"| {r['layout']} | {r['bytes_per_token']:,.1f} | {r['ratio_vs_raw']:.3f} | {enc} | {dec} |")
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     return 0
 
 

@@ -10,7 +10,7 @@ Regeneration uses `deepspec.prepare.regenerate` (embedded HF engine, greedy,
 `deepspec.experiments.gate.run` builds one cache per codec from that JSONL, trains the same dspark
 drafter with the same seed for --steps steps on each and evaluates each final checkpoint
 greedily on the same --prompts prompts of --benchmarks.  Writes
-bench/results/cache_gate_smollm2.json (+ .md) and keeps the work tree under --work.
+bench/results/cache_gate.json (+ .md) and keeps the work tree under --work.
 """
 from __future__ import annotations
 
@@ -25,6 +25,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from bench.records import record_path  # noqa: E402
 
 
 def main() -> int:
@@ -45,7 +47,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--eval-data", default=str(REPO.parent / "shared" / "eval_datasets"))
     ap.add_argument("--work", default=str(REPO / "bench" / "work" / "cache_gate"))
-    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "cache_gate_smollm2.json"))
+    ap.add_argument("--out", default=str(record_path("cache_gate")), help="record path (its table: <stem>.md)")
     ap.add_argument("--fresh", action="store_true", help="delete --work first")
     args = ap.parse_args()
 

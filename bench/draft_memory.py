@@ -12,15 +12,24 @@ step (coarser, but it shows the same trend).
 The target is a tiny random Llama (4 layers, H=64) with an enlarged vocabulary, so
 the vocabulary-sized tensors (anchors × γ × V) dominate, which is exactly what
 chunking bounds (chunk_size anchors × γ × V at a time, recomputed in backward).
+Prints a table and writes bench/results/draft_memory.json.
 """
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
+import platform
 import resource
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.records import record_path  # noqa: E402
 
 
 def _rss_mb() -> float:
@@ -84,6 +93,7 @@ def main(argv=None):
     p.add_argument("--chunks", default="0,16,4", help="comma list of loss.chunk_size (0 = unchunked)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--out", default=str(record_path("draft_memory")), help="record path")
     p.add_argument("--chunk", type=int, default=None, help=argparse.SUPPRESS)   # child mode
     args = p.parse_args(argv)
     if args.chunk is not None:
@@ -100,6 +110,13 @@ def main(argv=None):
     print(f"{'chunk_size':>10} {'peak MiB':>10} {'seconds':>8} {'loss':>12}")
     for r in rows:
         print(f"{r['chunk'] or 'none':>10} {r['peak_mb']:>10} {r['seconds']:>8} {r['loss']:>12}")
+    record = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+              "command": " ".join([sys.executable, *sys.argv]), "machine": platform.platform(),
+              "args": {k: v for k, v in vars(args).items() if k not in ("chunk", "out")}, "peak": unit,
+              "results": rows}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

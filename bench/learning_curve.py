@@ -7,7 +7,8 @@ target layers, anchors and depth as that run; nothing is regenerated) and trains
 for ``--steps`` with the trainer's held-out evaluation every ``--eval-every`` steps: expected
 τ, per-position acceptance, CE and TV of the draft on the held-out sequences, teacher-forced.
 The held-out sequences and their anchors are the same for every drafter (same seed), so the
-curves are paired.  Writes `bench/results/learning_curve-<date>.{json,md}` and a PNG.
+curves are paired.  Writes `bench/results/learning_curve.{json,md,png}` (`--label L`:
+`learning_curve-L.{json,md,png}`).
 
 What it answers: whether the gap between drafters at a small budget is a difference in where
 they converge or in how fast they start.
@@ -31,6 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.records import record_path  # noqa: E402
 from bench.reference import DRAFTERS, prepare, shared_overrides  # noqa: E402
 
 KEYS = ("eval/expected_tau", "eval/accept_rate/1", "eval/accept_rate/2", "eval/ce", "eval/tv")
@@ -119,11 +121,13 @@ def main(argv=None) -> int:
     p.add_argument("--prepare", action="store_true",
                    help="regenerate and cache the work directory first if its cache is missing")
     p.add_argument("--extra", nargs="*", default=[], help="extra Hydra overrides for every drafter")
-    p.add_argument("--out", default=str(REPO / "bench" / "results"))
-    p.add_argument("--name", default="learning_curve",
-                   help="output stem: <out>/<name>-<date>.{json,md} and docs/benchmarks_assets/<name>.png")
+    p.add_argument("--label", default=None,
+                   help="a separate experiment: bench/results/learning_curve-LABEL.{json,md,png}, runs under "
+                        "<work>/curve/LABEL")
+    p.add_argument("--out", default=None, help="record path (default: bench/results/learning_curve[-LABEL].json)")
     args = p.parse_args(argv)
     args.eval_samples, args.eval_new_tokens = 0, 0      # shared_overrides fields not used here
+    out = Path(args.out) if args.out else record_path("learning_curve", args.label)
 
     from deepspec.config import load_config
     from deepspec.train.loop import run as run_train
@@ -143,7 +147,7 @@ def main(argv=None) -> int:
             leaf = f"{label}-{args.steps}"
         else:                   # runs of another depth never resume this one
             leaf = f"{name}{'' if name == 'eagle3' else f'-L{args.layers}'}-{args.steps}"
-        run_dir = work / "curve" / ("" if args.name == "learning_curve" else args.name) / leaf
+        run_dir = work / "curve" / (args.label or "") / leaf
         ov = shared_overrides(args) + DRAFTERS[name] + extra + [
             f"run_dir={run_dir}", f"train.eval_every={args.eval_every}", f"train.save_every={args.steps}"]
         t = time.perf_counter()
@@ -152,16 +156,13 @@ def main(argv=None) -> int:
                                      "train_s": time.perf_counter() - t, "load_avg_after": os.getloadavg(),
                                      "curve": curve(run_dir / "metrics.jsonl")}
     record["machine"]["loadavg_end"] = os.getloadavg()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"{args.name}-{date[:10]}"
-    stem.with_suffix(".json").write_text(json.dumps(record, indent=2))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=2))
     md = markdown(record)
-    stem.with_suffix(".md").write_text(md + "\n")
-    png = REPO / "docs" / "benchmarks_assets" / f"{args.name}.png"
-    plot(record, png)
+    out.with_suffix(".md").write_text(md + "\n")
+    plot(record, out.with_suffix(".png"))
     print(md)
-    print(f"wrote {stem}.json, {stem}.md, {png}")
+    print(f"wrote {out} and its .md, .png")
     return 0
 
 

@@ -11,7 +11,7 @@ RSS from getrusage of that process.  A third measurement times the target forwar
 (what online mode adds per micro-batch): the full capture vs a forward stopped after the
 deepest captured layer (an exception raised from that layer's forward hook) — the saving
 early exit could give a drafter that needs no target distribution (every registered drafter
-needs last_hidden, so training does not use it).  Writes bench/results/online_vs_cached_smollm2.json.
+needs last_hidden, so training does not use it).  Writes bench/results/online_vs_cached.json.
 """
 from __future__ import annotations
 
@@ -28,6 +28,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from bench.records import record_path  # noqa: E402
 
 
 def overrides(args, work: Path, mode: str):
@@ -73,16 +75,23 @@ def forward_probe(args) -> dict:
         pass
 
     def truncated():
-        deepest = max(target.layer_ids)
-        h = target.layers[deepest].register_forward_hook(lambda m, i, o: (_ for _ in ()).throw(_Stop()))
+        """The captured layers recorded as in `capture`, then stop after the deepest one."""
+        recorded = {}
+
+        def record(i):
+            return lambda m, inp, o: recorded.__setitem__(i, o[0] if isinstance(o, (tuple, list)) else o)
+        hooks = [target.layers[i].register_forward_hook(record(i)) for i in sorted(set(target.layer_ids))]
+        hooks.append(target.layers[max(target.layer_ids)].register_forward_hook(
+            lambda m, i, o: (_ for _ in ()).throw(_Stop())))
         try:
-            with torch.inference_mode(), target._record_layers():
+            with torch.inference_mode():
                 try:
                     target.decoder(input_ids=ids, use_cache=False)
                 except _Stop:
                     pass
         finally:
-            h.remove()
+            for h in hooks:
+                h.remove()
 
     def full():
         target.capture(ids)
@@ -114,7 +123,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--probe-reps", type=int, default=3)
     ap.add_argument("--work", default=str(REPO / "bench" / "work" / "online_vs_cached"))
-    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "online_vs_cached_smollm2.json"))
+    ap.add_argument("--out", default=str(record_path("online_vs_cached")), help="record path")
     args = ap.parse_args()
     if args.worker:
         worker(*args.worker)

@@ -1,8 +1,8 @@
 """Reference benchmark: DSpark (Markov), DSpark (RNN), DFlash and Eagle3 side by side on a real model.
 
 One command, one shared regenerated dataset and cache, the same steps and depth for every
-drafter, eval on the same prompts. Writes `bench/results/reference-<date>-<work dir name>.json` and
-regenerates `docs/benchmarks.md`.
+drafter, eval on the same prompts. Writes `bench/results/reference.json` (`--label L`:
+`reference-L.json`) and regenerates `docs/benchmarks.md`.
 
     .venv/bin/python bench/reference.py                      # defaults sized for a 2-core CPU
     .venv/bin/python bench/reference.py --samples 4000 --steps 3000 --eval-samples 20   # larger
@@ -24,7 +24,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.render_benchmarks import _train_rate  # noqa: E402  (needs REPO on sys.path)
+from bench.records import record_path  # noqa: E402  (needs REPO on sys.path)
+from bench.render_benchmarks import train_rate  # noqa: E402
 
 DRAFTERS = {
     "dspark_markov": ["draft=dspark", "draft.sequential_head=markov"],
@@ -85,6 +86,7 @@ def main(argv=None) -> int:
                    help="eval again at these temperatures (the paper and DeepSpec report τ at T = 1.0; "
                         "the greedy eval stays the losslessness check)")
     p.add_argument("--extra", nargs="*", default=[], help="extra Hydra overrides for every stage")
+    p.add_argument("--label", default=None, help="record a separate experiment as bench/results/reference-LABEL.json")
     args = p.parse_args(argv)
 
     from deepspec.eval.runner import run as run_eval
@@ -96,15 +98,19 @@ def main(argv=None) -> int:
               "machine": {"platform": platform.platform(), "processor": platform.processor(),
                           "python": platform.python_version()},
               "command": " ".join([sys.executable, *sys.argv]), "args": vars(args), "stages": {}, "drafters": {}}
-    # one file per day and work dir: runs on other data never overwrite each other's record
-    out = REPO / "bench" / "results" / f"reference-{record['date'][:10]}-{work.name}.json"
-    if out.is_file():   # a later `--only` run joins the same day's result if its settings match
+    out = record_path("reference", args.label)
+    if out.is_file():   # a later `--only` run joins the record if its settings match
         old = json.loads(out.read_text())
         if all(old["args"].get(k) == record["args"][k] for k in SHARED_ARGS):
             record["drafters"] = {k: v for k, v in old["drafters"].items() if k not in args.only}
             record["commands"] = old.get("commands", [old["command"]])
             record["joined_stages"] = old["stages"]   # regeneration and cache ran in the first run
             print(f"joining {out} (drafters kept: {sorted(record['drafters'])})")
+        elif set(old["drafters"]) >= set(DRAFTERS) and set(args.only) < set(DRAFTERS):
+            raise SystemExit(f"{out} holds a run of all drafters with other settings; a partial --only run "
+                             "would replace it: run every drafter, or pass --label to record this run beside it")
+        else:
+            print(f"replacing {out} (other settings; the previous record stays in git history)")
     record.setdefault("commands", [])
     record["commands"].append(record["command"])
     import torch
@@ -148,7 +154,7 @@ def main(argv=None) -> int:
                                     # 1/5/15-minute load averages: wall-clock figures on 2 cores move 2-3x with load
                                     "load_avg": {"after_train": load_after_train, "after_eval": os.getloadavg()},
                                     "train_last_metrics": metrics[-1] if metrics else None,
-                                    "train_summary": _train_rate(metrics),
+                                    "train_summary": train_rate(metrics),
                                     "eval": results, "eval_sampled": sampled}
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(record, indent=2, default=str))

@@ -1,7 +1,6 @@
 """Benchmark (not a test): goodput of the prefix scheduler vs fixed-length verification.
 
-    python bench/schedule_gain.py [--rollouts eval/rollouts.jsonl] [--target tiny:llama]
-                                  [--out docs/scheduling_assets]
+    python bench/schedule_gain.py [--rollouts eval/rollouts.jsonl] [--target tiny:llama] [--label L]
 
 1. Rollouts: a JSONL file logged by eval (fixed-length verification), else SYNTHETIC
    rollouts (overconfident head, see `deepspec.schedule.rollouts.synthetic_rollouts`).
@@ -10,7 +9,8 @@
    (b) the synthetic GPU-like table (`synthetic_gpu_table`).
 3. For each table and R ∈ --concurrency: simulate fixed-length (ℓ = γ), static thresholds
    on calibrated cumulative confidence, and the prefix scheduler, on identical replays.
-   Prints a markdown table and writes results JSON, the profiled table and Pareto PNGs.
+   Prints a markdown table.  Writes `bench/results/schedule_gain[-L].json` and, with the same stem,
+   `.md` (the table), `.sps.json` (the table profiled here) and `.pareto-<table>.png`.
 """
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.records import part_path, record_path  # noqa: E402
 from deepspec.schedule.calibration import fit_sts  # noqa: E402
 from deepspec.schedule.prefix_scheduler import (FixedLengthPolicy, PrefixSchedulerPolicy,  # noqa: E402
                                                 ThresholdPolicy)
@@ -133,10 +134,11 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--draft-time-s", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=str(REPO / "docs" / "scheduling_assets"))
+    p.add_argument("--label", default=None, help="a separate experiment: bench/results/schedule_gain-LABEL.json")
+    p.add_argument("--out", default=None, help="record path (default: bench/results/schedule_gain[-LABEL].json)")
     a = p.parse_args(argv)
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = Path(a.out) if a.out else record_path("schedule_gain", a.label)
+    out.parent.mkdir(parents=True, exist_ok=True)
 
     if a.rollouts:
         records = read_rollouts(a.rollouts)
@@ -160,7 +162,7 @@ def main(argv=None):
     elif a.target:
         tab = profile_here(a.target, a.profile_sizes, a.context_len, a.repeats, a.dtype, a.threads)
         tables[f"profiled-{slug(tab.target)}"] = tab
-        tab.save(out / f"sps_{slug(tab.target)}.json")
+        tab.save(part_path(out, "sps", "json"))
         print(f"profiled {tab.target} on {tab.device} in {tab.meta['profile_wall_s']} s:",
               dict(zip(tab.batch_tokens, [round(s, 1) for s in tab.steps_per_second])), flush=True)
     tables["synthetic-gpu"] = synthetic_gpu_table()
@@ -174,7 +176,7 @@ def main(argv=None):
         label = f"{table.target} on {table.device.split(' ')[0]}" if name != "synthetic-gpu" else "synthetic GPU-like SPS"
         keep = [r for r in res if r.concurrency in a.pareto and r.policy in ("fixed", "scheduler", "threshold0.3",
                                                                                "threshold0.5", "threshold0.7")]
-        plot_pareto(keep, out / f"pareto_{name}.png",
+        plot_pareto(keep, part_path(out, f"pareto-{name}", "png"),
                     title=f"{label}; {'SYNTHETIC rollouts' if synthetic else 'rollouts: ' + Path(source).name}")
     md = markdown(all_rows)
     print(md)
@@ -182,10 +184,8 @@ def main(argv=None):
             "rollouts": source, "synthetic_rollouts": synthetic, "gamma": fit.gamma,
             "temperatures": cal.temperatures, "steps": a.steps, "draft_time_s": a.draft_time_s,
             "tables": {k: v.to_json() for k, v in tables.items()}}
-    tag = "_".join(tables)
-    (out / f"schedule_gain_{tag}.json").write_text(json.dumps({"meta": meta, "summary": all_rows,
-                                                        "results": all_results}, indent=1))
-    (out / f"schedule_gain_{tag}.md").write_text(md + "\n")
+    out.write_text(json.dumps({"meta": meta, "summary": all_rows, "results": all_results}, indent=1))
+    out.with_suffix(".md").write_text(md + "\n")
     return 0
 
 

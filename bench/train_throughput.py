@@ -8,7 +8,8 @@ Builds (once, under --work) synthetic regenerated conversations and their hidden
 for the target, then runs a few optimizer steps of each configuration in a fresh process
 (torchrun with --nproc processes for ddp / fsdp / deepspeed), reading tokens/s from the
 run's metrics.jsonl (median over the steps after the first) and each rank's peak RSS from
-`getrusage`.  Writes JSON to bench/results/ (not a test: numbers depend on the machine).
+`getrusage`.  Writes bench/results/train_throughput.json (`--online`: train_throughput-online.json;
+not a test: numbers depend on the machine).
 """
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from bench.records import record_path  # noqa: E402
 
 
 def overrides(args, work: Path, run_dir: Path, drafter: str, strategy: str):
@@ -121,7 +124,9 @@ def main(argv=None) -> int:
     ap.add_argument("--set", nargs="*", help="extra config overrides, e.g. train.compile=true")
     ap.add_argument("--timeout", type=int, default=1800)
     ap.add_argument("--work", default=str(REPO / "bench" / "work" / "train_throughput"))
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--out", default=None,
+                    help="record path (default: bench/results/train_throughput.json, with --online "
+                         "train_throughput-online.json)")
     args = ap.parse_args(argv)
     if args.worker:
         worker(*args.worker)
@@ -156,8 +161,7 @@ def main(argv=None) -> int:
         "settings": {k: v for k, v in vars(args).items() if k not in ("worker", "out", "work")},
         "results": results,
     }
-    out = Path(args.out) if args.out else REPO / "bench" / "results" / (
-        f"train_throughput_{args.target.split(':')[-1]}_{'online' if args.online else 'cache'}.json")
+    out = Path(args.out) if args.out else record_path("train_throughput", "online" if args.online else None)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2))
     print(f"wrote {out}")

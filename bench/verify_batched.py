@@ -34,15 +34,23 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.records import part_path, record_path  # noqa: E402
 from deepspec.schedule.calibration import Calibration  # noqa: E402
 from deepspec.schedule.prefix_scheduler import PrefixSchedulerPolicy, make_policy  # noqa: E402
-from deepspec.schedule.profile import SPSTable, _sync, device_name, profile_sps  # noqa: E402
+from deepspec.schedule.profile import SPSTable, device_name, profile_sps  # noqa: E402
 from deepspec.schedule.sps_grid import SPSGrid  # noqa: E402
 from deepspec.schedule.rollouts import RequestTrace, iter_rollout_lines  # noqa: E402
 from deepspec.schedule.simulator import SimResult, SimStep, simulate  # noqa: E402
 
 NOTE = ("acceptance outcomes come from the rollout log; the target forward is timed only "
         "(its outputs are not checked against the drafts)")
+
+
+def sync(device) -> None:
+    """Wait for queued CUDA work so a timed forward is complete (no-op elsewhere)."""
+    import torch
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 @dataclass
@@ -127,10 +135,10 @@ class RealVerifier:
         ids = self.step_ids(step).to(self.target.device)
         R, L = ids.shape
         dev = self.target.device
-        _sync(dev)
+        sync(dev)
         t0 = time.perf_counter()
         self.target.decode(ids, past_key_values=self.cache)
-        _sync(dev)
+        sync(dev)
         self.times.append(time.perf_counter() - t0)
         self.target.rollback(self.cache, self.base)
         self.shapes.append([int(R), int(L)])
@@ -224,7 +232,8 @@ def main(argv=None) -> int:
     p.add_argument("--draft-time-s", type=float, default=0.0)
     p.add_argument("--random-tokens", action="store_true", help="ignore logged draft token ids")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=str(REPO / "bench" / "results" / "verify_batched_smollm2.json"))
+    p.add_argument("--out", default=str(record_path("verify_batched")),
+                   help="record path; its table is saved beside it as <stem>.sps.json (and <stem>.sps_grid.json)")
     a = p.parse_args(argv)
     import torch
     from tqdm import tqdm
@@ -254,7 +263,7 @@ def main(argv=None) -> int:
         table = profile_sps(target, a.profile_sizes, context_len=a.context_len, repeats=a.repeats, mode="requests",
                             tokens_per_request=a.tokens_per_request or gamma + 1, seed=a.seed)
         table.meta["profile_wall_s"] = round(time.time() - t0, 1)
-        table_src = str(table.save(out.with_name(out.stem + "_sps.json")))
+        table_src = str(table.save(part_path(out, "sps", "json")))
         print(f"profiled SPS on {table.device} in {table.meta['profile_wall_s']} s → {table_src}", flush=True)
 
     policies = [make_policy("fixed")] + [make_policy("threshold", calibration=cal, threshold=t) for t in a.thresholds] \
@@ -305,7 +314,7 @@ def main(argv=None) -> int:
     if per_r_tables:   # the per-R profiles as one SPS(R, B) grid: `schedule.sps_table=` / schedule_gain --sps-table
         grid = SPSGrid({int(r): SPSTable.from_json(t) for r, t in per_r_tables.items()}, device=table.device,
                        target=table.target, meta={"source": str(out)})
-        print(f"wrote {grid.save(out.with_name(out.stem + '_sps_grid.json'))}", flush=True)
+        print(f"wrote {grid.save(part_path(out, 'sps_grid', 'json'))}", flush=True)
     print(f"wrote {out}", flush=True)
     return 0
 

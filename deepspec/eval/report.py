@@ -36,6 +36,7 @@ def _plt():
 def make_plots(out_dir: Path, summary: Mapping[str, Any]) -> Dict[str, str]:
     """Write the PNGs under ``out_dir/plots``; returns {name: relative path}."""
     plt = _plt()
+    from matplotlib.ticker import MaxNLocator
     pdir = Path(out_dir) / "plots"
     pdir.mkdir(parents=True, exist_ok=True)
     made: Dict[str, str] = {}
@@ -52,6 +53,7 @@ def make_plots(out_dir: Path, summary: Mapping[str, Any]) -> Dict[str, str]:
             ax.plot(xs, ys, marker="o", label=d, color=_DOMAIN_COLORS.get(d))
             any_line = True
     ax.set_xlabel("draft position k")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))   # positions are whole numbers
     ax.set_ylabel("P(accept k | accepted k−1)")
     ax.set_ylim(0, 1.02)
     ax.set_title("Conditional acceptance by position")

@@ -1,5 +1,7 @@
-"""bench/render_benchmarks.py: docs/benchmarks.md must not depend on the run's scratch directory."""
+"""bench/render_benchmarks.py: docs/benchmarks.md comes from the reference record alone (not the run's
+scratch directory) and names no machine's directories."""
 import json
+import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -10,16 +12,16 @@ def test_train_rate_skips_warmup_and_reports_last_step(bench_module):
     rows = [{"step": s, "tokens": 100, "step_time_s": 10.0 if s == 1 else 1.0, "tokens_per_s": 0,
              "train/loss": 3.0 - s * 0.1, "train/expected_tau": 1.0 + s / 100} for s in range(1, 11)]
     rows.append({"step": 10, "eval/expected_tau": 1.2})
-    t = mod._train_rate(rows)
+    t = mod.train_rate(rows)
     assert t["steps"] == 10 and t["tokens_per_s"] == 100.0       # the slow first step is skipped
     assert abs(t["loss"] - 2.0) < 1e-9 and abs(t["expected_tau"] - 1.1) < 1e-9
 
 
-def test_render_without_work_dir_uses_the_record(tmp_path, bench_module):
+def test_render_without_work_dir_uses_the_record(tmp_path, bench_module, monkeypatch):
     mod = bench_module("render_benchmarks")
-    rec = json.loads(sorted((REPO / "bench" / "results").glob("reference-*.json"))[-1].read_text())
+    rec = json.loads((REPO / "bench" / "results" / "reference.json").read_text())
     rec["args"]["work"] = str(tmp_path / "deleted")              # scratch dir gone, as after a real run
-    mod.REPO = tmp_path                                           # render() names the file relative to REPO
+    monkeypatch.setattr(mod, "REPO", tmp_path)                    # render() names the file relative to REPO
     src = tmp_path / "bench" / "results" / "reference-test.json"
     src.parent.mkdir(parents=True)
     src.write_text(json.dumps(rec))
@@ -31,15 +33,16 @@ def test_render_without_work_dir_uses_the_record(tmp_path, bench_module):
         summary = entry.get("train_summary")
         if summary:
             assert f"| {name} | {summary['steps']} | {summary['tokens_per_s']:.0f} |" in text
+    assert not re.search(r"(?<![\w.])/(work|root|tmp|home)/", text)      # commands are repo-relative
+    assert "benchmarks-notes.md" in text and "`bench/results/reference-test.json`" in text
 
 
-def test_render_picks_the_newest_full_record_by_its_date_not_its_file_name(tmp_path, bench_module):
+def test_render_picks_the_newest_full_record_by_its_date_not_its_file_name(tmp_path, bench_module, monkeypatch):
     mod = bench_module("render_benchmarks")
-    full = next(r for r in sorted((REPO / "bench" / "results").glob("reference-*.json"))
-                if set(mod.ORDER) <= set(json.loads(r.read_text())["drafters"]))
-    rec = json.loads(full.read_text())
+    rec = json.loads((REPO / "bench" / "results" / "reference.json").read_text())
+    assert set(mod.ORDER) <= set(rec["drafters"])
     rec["args"]["work"] = str(tmp_path / "deleted")
-    mod.REPO = tmp_path
+    monkeypatch.setattr(mod, "REPO", tmp_path)
     res = tmp_path / "bench" / "results"
     res.mkdir(parents=True)
     # file names sort the other way round from the dates the records state
@@ -49,7 +52,8 @@ def test_render_picks_the_newest_full_record_by_its_date_not_its_file_name(tmp_p
                                                           "commands": ["NEWER-BY-NAME"]}))
     partial = {**rec, "date": "2026-01-03T00:00:00+00:00", "commands": ["PARTIAL"],
                "drafters": {"eagle3": rec["drafters"]["eagle3"]}}
-    (res / "reference-c-partial.json").write_text(json.dumps(partial))   # newest, but not all four drafters
+    (res / "reference.json").write_text(json.dumps(partial))   # newest, but not all four drafters
+    (res / "reference-d.part.json").write_text("not a record")   # a record's companion file is skipped
     text = mod.render(None, tmp_path / "benchmarks.md").read_text()
     assert "reference-a-old.json" in text and "2026-01-02" in text
     assert "PARTIAL" not in text and "NEWER-BY-NAME" not in text

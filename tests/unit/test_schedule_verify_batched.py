@@ -100,7 +100,7 @@ def test_cli_end_to_end(vb, tmp_path, one_thread):
     d = json.loads(out.read_text())
     assert [(r["R"], r["policy"]) for r in d["results"]] == [(R, p) for R in (1, 2)
                                                              for p in ("fixed", "threshold0.5", "scheduler")]
-    assert (tmp_path / "vb_sps.json").exists() and d["sps_table"]["meta"]["mode"] == "requests"
+    assert (tmp_path / "vb.sps.json").exists() and d["sps_table"]["meta"]["mode"] == "requests"
     assert "from the rollout log" in d["note"] and out.with_suffix(".md").exists()
 
 
@@ -120,6 +120,6 @@ def test_cli_per_r_profile(vb, tmp_path, one_thread):
     fixed, fixed_r = d["results"][0], d["results"][1]
     assert fixed_r["step_times_s"] == fixed["step_times_s"] and fixed_r["measured_tps"] == fixed["measured_tps"]
     from deepspec.schedule import SPSGrid, load_cost_model
-    grid = load_cost_model(tmp_path / "vb_sps_grid.json")      # the per-R tables, reusable as a cost model
+    grid = load_cost_model(tmp_path / "vb.sps_grid.json")      # the per-R tables, reusable as a cost model
     assert isinstance(grid, SPSGrid) and grid.requests == [2]
     assert grid.tables[2].steps_per_second == t2["steps_per_second"]

@@ -1,0 +1,53 @@
+"""bench/records.py: one naming scheme for every benchmark record, and generated docs name no machine's
+directories."""
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPTS = sorted(p.stem for p in (REPO / "bench").glob("*.py") if p.stem not in ("__init__", "records"))
+
+
+def test_record_and_part_paths(bench_module):
+    rec = bench_module("records")
+    assert rec.record_path("verify_batched") == REPO / "bench" / "results" / "verify_batched.json"
+    path = rec.record_path("schedule_gain", "real_dspark")
+    assert path.name == "schedule_gain-real_dspark.json"
+    assert rec.part_path(path, "pareto-synthetic-gpu", "png").name == "schedule_gain-real_dspark.pareto-synthetic-gpu.png"
+    assert path.with_suffix(".md").name == "schedule_gain-real_dspark.md"
+    with pytest.raises(SystemExit, match="--label 'a/b'"):
+        rec.record_path("reference", "a/b")
+
+
+@pytest.mark.parametrize("text, want", [
+    ("/x/checkout/.venv/bin/python bench/reference.py --work /x/checkout/bench/work/ref1600 --steps 80",
+     ".venv/bin/python bench/reference.py --work bench/work/ref1600 --steps 80"),
+    ("/usr/bin/python3.11 bench/reference.py cache.dir=/x/y/runs/a/cache", "python3.11 bench/reference.py cache.dir=runs/a/cache"),
+    ("--eval-data /srv/shared/eval_datasets", "--eval-data …/eval_datasets"),
+    ("bench/work/abl https://example.org/a/b", "bench/work/abl https://example.org/a/b"),   # relative paths, URLs stay
+])
+def test_repo_relative(bench_module, text, want):
+    assert bench_module("records").repo_relative(text) == want
+
+
+def test_every_result_file_follows_the_scheme_and_belongs_to_a_script():
+    name = re.compile(r"(?P<script>[a-z0-9_]+)(-[A-Za-z0-9_]+)?(\.[A-Za-z0-9_-]+)?\.(json|md|png)")
+    for f in (REPO / "bench" / "results").iterdir():
+        m = name.fullmatch(f.name)
+        assert m and m["script"] in SCRIPTS, f"bench/results/{f.name}: not <script>[-<label>][.<part>].<ext>"
+        record = REPO / "bench" / "results" / (f.name.split(".")[0] + ".json")
+        assert record.is_file(), f"bench/results/{f.name}: no record {record.name} beside it"
+
+
+def test_bench_readme_lists_every_script():
+    readme = (REPO / "bench" / "README.md").read_text()
+    for script in SCRIPTS:
+        assert f"`{script}.py`" in readme and f"bench/{script}.py" in readme, script
+
+
+def test_docs_name_no_machine_directories():
+    bad = re.compile(r"(?<![\w.])/(work|root|tmp|home)/")
+    for doc in [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]:
+        for i, line in enumerate(doc.read_text().splitlines(), 1):
+            assert not bad.search(line), f"{doc.relative_to(REPO)}:{i}: {line.strip()}"
