@@ -263,6 +263,9 @@ def render_train_vs_deepspec(record: dict) -> str:
                  f"{c['seq_len']} tokens, Markov rank {c['rank']} + confidence head, fp32, {c['threads']} threads; "
                  f"forward + loss + backward + AdamW, {c['steps']} timed steps per run after {c['warmup']} warm-up, "
                  f"{s[sides[0]]['runs']} run(s) per side, alternating processes; {m['cpu']}, torch {m['torch']}.")
+    loads = [r["load_avg_1m"] for r in record.get("runs", [])]
+    if loads:
+        lines[-1] += f" 1-min load average at the runs' starts {min(loads):.1f}–{max(loads):.1f} on {m['cpus']} CPUs."
     for note in record.get("notes", []):
         lines.append(f"\n{note}")
     return "\n".join(lines) + "\n"
