@@ -2,9 +2,9 @@
 
     deepspec <command> [--cfg job] [key=value ...]
 
-Every stage composes a typed config from `conf/` (Hydra groups target/, draft/, data/,
-cache/, train/, eval/, schedule/), an optional `recipe=<name>` from `recipes/`, and the
-overrides given, writes the resolved config beside its outputs and runs.
+Every stage composes a typed config from `deepspec/conf/` (Hydra groups target/, draft/, data/,
+cache/, train/, eval/, schedule/, engine/), an optional `recipe=<name>` from `deepspec/recipes/`,
+and the overrides given, writes the resolved config beside its outputs and runs.
 """
 from __future__ import annotations
 
