@@ -24,12 +24,13 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
+from ..errors import UsageError
 from .schema import DeepSpecConfig
 
 GROUPS = ("target", "draft", "data", "cache", "train", "eval", "schedule", "engine")
 
 
-class ConfigError(ValueError):
+class ConfigError(UsageError, ValueError):
     """A config that cannot be composed or validated (names the key or file)."""
 
 
@@ -180,4 +181,3 @@ def config_from_yaml(path: str | os.PathLike) -> DeepSpecConfig:
         return to_object(raw)
     except Exception as e:
         raise ConfigError(f"{path}: {e}") from e
-

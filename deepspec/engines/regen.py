@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..data import Conversation, load_conversations, split_conversations, write_heldout, write_jsonl_atomic
+from ..errors import DeepSpecError
 from ..paths import heldout_path, regen_path
 from .base import Completion, Engine, EngineError, GenerationError, Messages, SamplingParams
 from ..utils.signals import GracefulStop, sigterm_as_interrupt
@@ -38,7 +39,7 @@ log = logging.getLogger(__name__)
 FORMAT_VERSION = 1
 
 
-class RegenError(RuntimeError):
+class RegenError(DeepSpecError, RuntimeError):
     """The regeneration job cannot continue (config changed under a resume, missing results)."""
 
 
