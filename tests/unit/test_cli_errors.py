@@ -102,7 +102,7 @@ def test_unreadable_draft_checkpoint_in_eval(draft_for_llama, capsys):
 
 
 def test_missing_input_file(tmp_path, capsys):
-    code, err = _run(capsys, "eval", f"eval.data_dir={tmp_path}", "eval.benchmarks=[gsm8k]")
+    code, err = _run(capsys, "eval", f"eval.data_dir={tmp_path}", "eval.benchmarks=[gsm8k]", f"run_dir={tmp_path}")
     assert code == 1 and "gsm8k" in _one_line(err)
 
 
