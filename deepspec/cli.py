@@ -1,10 +1,14 @@
 """`deepspec` command line: thin dispatch to the stage packages.
 
-    deepspec <command> [--cfg job] [key=value ...]
+    deepspec [-v] [--debug] <command> [--cfg job] [key=value ...]
 
-Every stage composes a typed config from `conf/` (Hydra groups target/, draft/, data/,
-cache/, train/, eval/, schedule/), an optional `recipe=<name>` from `recipes/`, and the
-overrides given, writes the resolved config beside its outputs and runs.
+Every stage composes a typed config from `deepspec/conf/` (Hydra groups target/, draft/, data/,
+cache/, train/, eval/, schedule/, engine/), an optional `recipe=<name>` from `deepspec/recipes/`,
+and the overrides given, writes the resolved config beside its outputs and runs.
+
+A known failure (bad input record, corrupted or mismatched cache or checkpoint, wrong config)
+prints one line naming the file, line or key and exits 1, or 2 for a config or usage error;
+`--debug` (anywhere on the line) or DEEPSPEC_DEBUG=1 adds the traceback.
 """
 from __future__ import annotations
 
@@ -12,8 +16,13 @@ import argparse
 import errno
 import importlib
 import logging
+import os
+import re
 import sys
+import traceback
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from .errors import DeepSpecError
 
 # command -> (module:function taking the typed config, help)
 STAGES: Dict[str, Tuple[str, str]] = {
@@ -48,16 +57,12 @@ def _stage_parser(cmd: str, help_text: str) -> argparse.ArgumentParser:
 
 
 def run_stage(cmd: str, argv: Sequence[str]) -> int:
-    from .config import ConfigError, load_config, to_yaml
+    from .config import load_config, to_yaml
     args = _stage_parser(cmd, STAGES[cmd][1]).parse_args(list(argv))
     overrides = list(args.overrides)
     if cmd == "demo" and not any(o.startswith("recipe=") for o in overrides):
         overrides.insert(0, "recipe=demo")
-    try:
-        cfg = load_config(overrides)
-    except ConfigError as e:
-        print(f"deepspec {cmd}: config error: {e}", file=sys.stderr)
-        return 2
+    cfg = load_config(overrides)
     if args.cfg == "job":
         print(to_yaml(cfg), end="")
         return 0
@@ -66,7 +71,7 @@ def run_stage(cmd: str, argv: Sequence[str]) -> int:
 
 
 def _config_cmd(argv: Sequence[str]) -> int:
-    from .config import ConfigError, list_recipes, load_config, to_yaml
+    from .config import list_recipes, load_config, to_yaml
     p = argparse.ArgumentParser(prog="deepspec config", description="print the resolved config / list recipes")
     p.add_argument("--recipes", action="store_true", help="list the recipes")
     p.add_argument("overrides", nargs="*")
@@ -74,18 +79,16 @@ def _config_cmd(argv: Sequence[str]) -> int:
     if args.recipes:
         print("\n".join(list_recipes()))
         return 0
-    try:
-        print(to_yaml(load_config(args.overrides)), end="")
-    except ConfigError as e:
-        print(f"deepspec config: config error: {e}", file=sys.stderr)
-        return 2
+    print(to_yaml(load_config(args.overrides)), end="")
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="deepspec", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    p.add_argument("--debug", action="store_true",
+                   help="print the traceback of known errors too (also DEEPSPEC_DEBUG=1)")
     sub = p.add_subparsers(dest="command", metavar="command")
     for name, (_, h) in {**STAGES, **TOOLS}.items():
         sub.add_parser(name, help=h, add_help=False)
@@ -93,12 +96,35 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def error_kind(e: BaseException) -> str:
+    """``CacheCorruptError`` → ``cache corrupt error``: the label of a one-line error report."""
+    return re.sub(r"(?<!^)(?=[A-Z])", " ", type(e).__name__).lower()
+
+
+def _split_flags(argv: List[str]) -> Tuple[bool, bool, List[str]]:
+    """Leading -v/--verbose; --debug anywhere (it is no stage's or tool's own option)."""
+    debug = "--debug" in argv or os.environ.get("DEEPSPEC_DEBUG", "") not in ("", "0")
+    argv = [a for a in argv if a != "--debug"]
+    verbose = argv[:1] in (["-v"], ["--verbose"])
+    return verbose, debug, argv[1:] if verbose else argv
+
+
+def _dispatch(parser: argparse.ArgumentParser, cmd: str, rest: List[str]) -> int:
+    if cmd in STAGES:
+        return run_stage(cmd, rest)
+    if cmd in TOOLS:
+        result = _resolve(TOOLS[cmd][0])(rest)
+        return result if isinstance(result, int) else 0
+    if cmd == "config":
+        return _config_cmd(rest)
+    parser.print_usage(sys.stderr)
+    print(f"deepspec: unknown command {cmd!r}", file=sys.stderr)
+    return 2
+
+
 def main(argv: Optional[List[str]] = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    verbose = "-v" in argv[:1] or "--verbose" in argv[:1]
-    if verbose:
-        argv = argv[1:]
+    verbose, debug, argv = _split_flags(list(sys.argv[1:] if argv is None else argv))
     if not argv or argv[0] in ("-h", "--help"):
         parser.print_help()
         return 0
@@ -106,11 +132,13 @@ def main(argv: Optional[List[str]] = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     cmd, rest = argv[0], argv[1:]
     try:
-        if cmd in STAGES:
-            return run_stage(cmd, rest)
-        if cmd in TOOLS:
-            result = _resolve(TOOLS[cmd][0])(rest)
-            return result if isinstance(result, int) else 0
+        return _dispatch(parser, cmd, rest)
+    except (DeepSpecError, FileNotFoundError) as e:   # an input file that is missing counts as bad input
+        if debug:
+            traceback.print_exc()
+        message = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
+        print(f"deepspec {cmd}: {error_kind(e)}: {message}", file=sys.stderr)
+        return getattr(e, "exit_code", 1)
     except KeyboardInterrupt as e:   # SIGTERM (GracefulStop) or Ctrl-C: the stage already rolled back
         code = getattr(e, "exit_code", 130)
         print(f"deepspec {cmd}: {e or 'interrupted'}; finished work is kept, run the same command again "
@@ -119,17 +147,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     except OSError as e:
         if e.errno not in _DISK_ERRNOS:
             raise
-        if verbose:
-            import traceback
+        if verbose or debug:
             traceback.print_exc()
         print(f"deepspec {cmd}: {e}\nThe last complete state is kept; fix the cause and run the same command "
               "again to resume.", file=sys.stderr)
         return 1
-    if cmd == "config":
-        return _config_cmd(rest)
-    parser.print_usage(sys.stderr)
-    print(f"deepspec: unknown command {cmd!r}", file=sys.stderr)
-    return 2
 
 
 # disk full, quota, permission denied, read-only file system, I/O error: a short message, no traceback

@@ -1,8 +1,10 @@
 """Error types of the hidden-state cache (every message names the file or shard)."""
 from __future__ import annotations
 
+from ..errors import DeepSpecError
 
-class CacheError(Exception):
+
+class CacheError(DeepSpecError):
     """Base class: anything wrong with building, opening or reading a cache."""
 
 

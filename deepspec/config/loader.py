@@ -1,10 +1,14 @@
-"""Compose a typed config from `conf/`, a recipe and command-line overrides.
+"""Compose a typed config from `deepspec/conf/`, a recipe and command-line overrides.
 
-`conf/config.yaml` holds the defaults list (one choice per group); each group file
-under `conf/<group>/` is validated against the matching dataclass, so a misspelt
-key or a wrong type fails with the key's full name.  A recipe (`recipes/<name>.yaml`)
-is a complete experiment: group choices plus field values, applied before the
-user's own overrides.
+The dataclasses (`deepspec/config/<group>.py`) hold every default.  `conf/config.yaml`
+holds the defaults list (one choice per group); each group file under `conf/<group>/`
+states only what its variant changes and is validated against the matching dataclass,
+so a misspelt key or a wrong type fails with the key's full name.  A recipe
+(`recipes/<name>.yaml`) is an experiment: group choices plus the field values that
+differ from them, applied before the user's own overrides.
+
+`conf/` and `recipes/` are package data inside `deepspec/`, so an installed wheel finds
+them; `DEEPSPEC_CONF_DIR` / `DEEPSPEC_RECIPES_DIR` point elsewhere.
 """
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ import dataclasses
 import os
 import typing
 from pathlib import Path
-from typing import Iterable, List, Optional, Sequence
+from typing import Iterable, List, Sequence
 
 import yaml
 from hydra import compose, initialize_config_dir
@@ -20,25 +24,30 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
+from ..errors import UsageError
 from .schema import DeepSpecConfig
 
 GROUPS = ("target", "draft", "data", "cache", "train", "eval", "schedule", "engine")
 
 
-class ConfigError(ValueError):
+class ConfigError(UsageError, ValueError):
     """A config that cannot be composed or validated (names the key or file)."""
 
 
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
+
+
 def project_root() -> Path:
-    return Path(__file__).resolve().parents[2]
+    """The directory above the package: the repository root in a source checkout."""
+    return PACKAGE_DIR.parent
 
 
 def conf_dir() -> Path:
-    return Path(os.environ.get("DEEPSPEC_CONF_DIR", project_root() / "conf")).resolve()
+    return Path(os.environ.get("DEEPSPEC_CONF_DIR", PACKAGE_DIR / "conf")).resolve()
 
 
 def recipes_dir() -> Path:
-    return Path(os.environ.get("DEEPSPEC_RECIPES_DIR", project_root() / "recipes")).resolve()
+    return Path(os.environ.get("DEEPSPEC_RECIPES_DIR", PACKAGE_DIR / "recipes")).resolve()
 
 
 def list_recipes() -> List[str]:
@@ -172,7 +181,3 @@ def config_from_yaml(path: str | os.PathLike) -> DeepSpecConfig:
         return to_object(raw)
     except Exception as e:
         raise ConfigError(f"{path}: {e}") from e
-
-
-def override_list(cfg: Optional[DeepSpecConfig]) -> List[str]:
-    return [] if cfg is None else list(_flatten("", OmegaConf.to_container(OmegaConf.structured(cfg))))

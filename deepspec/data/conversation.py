@@ -11,6 +11,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional
 
+from ..errors import DeepSpecError
+
 ROLES = ("system", "user", "assistant")
 # Source role names → the three chat roles.
 ROLE_ALIASES = {
@@ -23,7 +25,7 @@ ROLE_ALIASES = {
 CANONICAL_FIELDS = ("id", "conversations", "turns", "system", "role", "content")
 
 
-class DataError(ValueError):
+class DataError(DeepSpecError, ValueError):
     """A bad input record or source; the message names the file and line (or row).
 
     ``reason`` is a short machine-readable code (invalid_json, missing_key, bad_type,

@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from ..config.draft import DraftConfig, LossConfig
+from ..errors import DeepSpecError
 
 log = logging.getLogger(__name__)
 FORMAT_VERSION = 1
@@ -41,11 +42,11 @@ CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 
 
-class DraftTargetMismatchError(ValueError):
+class DraftTargetMismatchError(DeepSpecError, ValueError):
     """A draft checkpoint was saved against a different target."""
 
 
-class DraftCheckpointError(ValueError):
+class DraftCheckpointError(DeepSpecError, ValueError):
     """A draft checkpoint whose config.json is not JSON or whose weights are not safetensors.
 
     Only ``config.json`` and ``model.safetensors`` are ever read: no pickle, no ``.bin``/``.pt``."""

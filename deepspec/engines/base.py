@@ -11,6 +11,8 @@ from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, List, Optional, Sequence, Union
 
+from ..errors import DeepSpecError
+
 Messages = List[Dict[str, str]]
 # Per-sample seed key: a string (hashed with params.seed), an int (used as the seed
 # itself, e.g. a request's own seed) or None (params.seed).
@@ -18,7 +20,7 @@ SeedKey = Union[str, int, None]
 _SEED_MASK = (1 << 63) - 1
 
 
-class EngineError(RuntimeError):
+class EngineError(DeepSpecError, RuntimeError):
     """An engine that cannot run at all (no live server, bad settings)."""
 
 

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+from ..data import DataError
+
 __all__ = ["DOMAINS", "BENCHMARK_DOMAIN", "Sample", "domain_of", "resolve_data_dir", "benchmark_path",
            "load_benchmark", "load_benchmarks"]
 
@@ -79,10 +81,11 @@ def load_benchmark(data_dir: str | os.PathLike, name: str, max_samples: Optional
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: not JSON: {e}") from e
+                raise DataError(f"not JSON: {e}", origin=f"{path}:{lineno}", reason="invalid_json") from e
             turns = row.get("turns") if isinstance(row, dict) else None
             if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
-                raise ValueError(f"{path}:{lineno}: expected {{\"turns\": [str, ...]}} with at least one turn")
+                raise DataError("expected {\"turns\": [str, ...]} with at least one turn", origin=f"{path}:{lineno}",
+                                reason="bad_type")
             out.append(Sample(benchmark=name, index=len(out), turns=list(turns)))
     return out
 

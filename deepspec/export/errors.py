@@ -1,8 +1,10 @@
 """Errors of the export / import / check tools."""
 from __future__ import annotations
 
+from ..errors import DeepSpecError
 
-class ExportError(RuntimeError):
+
+class ExportError(DeepSpecError, RuntimeError):
     """An export that failed (bad checkpoint, failed self-verification, output exists...)."""
 
 

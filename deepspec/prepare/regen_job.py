@@ -17,6 +17,7 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 from ..data import Conversation, write_jsonl_atomic
 from ..engines.base import SamplingParams
 from ..paths import heldout_path, regen_path
+from ..errors import DeepSpecError
 from .parts import PartStore, read_json, write_json_atomic
 
 FORMAT_VERSION = 1
@@ -25,7 +26,7 @@ FORMAT_VERSION = 1
 FINAL_CODES = frozenset({"prompt_too_long", "bad_request"})
 
 
-class RegenError(RuntimeError):
+class RegenError(DeepSpecError, RuntimeError):
     """The regeneration job cannot continue (config changed under a resume, missing results)."""
 
 

@@ -10,10 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from ..errors import DeepSpecError
+
 ROLES = ("system", "user", "assistant")
 
 
-class ChatTemplateError(ValueError):
+class ChatTemplateError(DeepSpecError, ValueError):
     """A conversation the tokenizer's chat template cannot encode as asked."""
 
 

@@ -31,6 +31,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
+from ..errors import DeepSpecError
 from ..utils.fs import atomic_write, fsync_dir
 
 log = logging.getLogger(__name__)
@@ -40,7 +41,7 @@ _STEP_RE = re.compile(r"^step_(\d+)$")
 _SEP = "::"
 
 
-class CheckpointError(ValueError):
+class CheckpointError(DeepSpecError, ValueError):
     """A checkpoint that cannot be written, or read back as safetensors + JSON (never unpickled)."""
 
 

@@ -15,12 +15,13 @@ import threading
 from pathlib import Path
 from typing import Dict, Optional
 
+from deepspec.errors import DeepSpecError
 from deepspec.utils.signals import GracefulStop
 
 log = logging.getLogger("deepspec.train")
 
 
-class NonFiniteLossError(RuntimeError):
+class NonFiniteLossError(DeepSpecError, RuntimeError):
     """The loss (or one of its terms) became NaN/inf; the run stopped without saving that step."""
 
 

@@ -1,4 +1,5 @@
 """The installed `deepspec` console script."""
+import json
 import shutil
 import subprocess
 import sys
@@ -36,3 +37,24 @@ def test_unknown_key_is_an_error_naming_it():
 def test_unknown_command():
     r = _run("frobnicate")
     assert r.returncode == 2 and "unknown command" in r.stderr
+
+
+def test_corrupted_shard_stops_train_with_one_line(tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"turns": [f"question {i}?"]}) + "\n" for i in range(4)))
+    tiny = ["target.path=tiny:llama", "target.dtype=float32", f"run_dir={tmp_path / 'run'}"]
+    r = _run("prepare", "data=jsonl", f"data.path={prompts}", "data.heldout_fraction=0", "engine.max_new_tokens=8",
+             "cache.shard_samples=2", *tiny)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for shard in (tmp_path / "run" / "cache").glob("shard-*.arrow"):   # whichever sample is read first
+        data = bytearray(shard.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        shard.write_bytes(bytes(data))
+    train = ["train", *tiny, "train.strategy=single", "train.max_steps=2", "train.global_batch_sequences=2",
+             "train.micro_batch_sequences=2", "draft.num_layers=1"]
+    r = _run(*train)
+    last = r.stderr.strip().splitlines()[-1]
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert last.startswith("deepspec train: cache corrupt error: shard-") and ".arrow" in last
+    r = _run("--debug", *train)
+    assert r.returncode == 1 and "Traceback" in r.stderr

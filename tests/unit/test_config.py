@@ -57,3 +57,42 @@ def test_saved_config_round_trips(tmp_path):
     path.write_text(path.read_text().replace("seed: 7", "seed: 7\nbogus: 1"))
     with pytest.raises(ConfigError, match="bogus"):
         config_from_yaml(path)
+
+
+def _leaves(node, prefix=""):
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _leaves(v, f"{prefix}.{k}" if prefix else str(k))
+    else:
+        yield prefix, node
+
+
+def test_yaml_states_only_what_differs_from_the_defaults():
+    """One source of truth: a group file sets only keys its dataclass defaults differently, a
+    recipe only keys its chosen groups compose differently."""
+    import dataclasses
+
+    import yaml
+    from omegaconf import OmegaConf
+
+    from deepspec.config.loader import GROUPS, compose_config, conf_dir, recipes_dir
+    from deepspec.config.schema import DeepSpecConfig
+
+    defaults = dataclasses.asdict(DeepSpecConfig())
+    for group in GROUPS:
+        for path in sorted((conf_dir() / group).glob("*.yaml")):
+            for key, value in _leaves(yaml.safe_load(path.read_text()) or {}):
+                default = defaults[group]
+                for part in key.split("."):
+                    default = default[part]
+                assert value != default, f"{path}: {key} repeats the dataclass default {default!r}"
+    for path in sorted(recipes_dir().glob("*.yaml")):
+        doc = yaml.safe_load(path.read_text())
+        choices = doc.pop("defaults")
+        assert {"target", "draft"} <= set(choices), f"{path}: a recipe names its target and draft"
+        base = OmegaConf.to_container(compose_config([f"{g}={c}" for g, c in choices.items()]))
+        for key, value in _leaves(doc):
+            composed = base
+            for part in key.split("."):
+                composed = composed[part]
+            assert value != composed, f"{path}: {key} repeats what its groups compose ({composed!r})"
