@@ -28,7 +28,7 @@ code that reads the config at serving time) — see docs/export.md for the sourc
   a flat LlamaConfig plus ``draft_vocab_size`` and ``eagle_config``
   {``eagle_aux_hidden_state_layer_ids``, ``use_aux_hidden_state``} (read in
   `model_executor/model_runner.py`).
-* ``DEEPSPEC_CHECKPOINT`` — our own ``from_pretrained`` config (`deepspec.drafts.base`).
+* ``DEEPSPEC_CHECKPOINT`` — our own ``from_pretrained`` config (`deepspec.drafts.checkpoint`).
 
 The dialect: ``type`` (a name or list of names among object/array/string/integer/
 number/boolean/null), ``required``, ``properties``, ``forbidden`` (keys that must be
