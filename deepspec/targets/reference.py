@@ -12,6 +12,9 @@ import logging
 import os
 from pathlib import Path
 
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
 from ..utils.fs import atomic_dir
 
 log = logging.getLogger(__name__)
@@ -50,8 +53,6 @@ def fetch_reference(name: str = "smollm2-135m", force: bool = False) -> Path:
     out = reference_dir(name)
     if (out / "config.json").is_file() and (out / "model.safetensors").is_file() and not force:
         return out
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     gguf = locate_gguf(name)
     log.info("converting %s (GGUF, slow once) → %s", gguf, out)
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
