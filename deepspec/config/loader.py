@@ -12,7 +12,7 @@ import dataclasses
 import os
 import typing
 from pathlib import Path
-from typing import Iterable, List, Optional, Sequence
+from typing import Iterable, List, Sequence
 
 import yaml
 from hydra import compose, initialize_config_dir
@@ -173,6 +173,3 @@ def config_from_yaml(path: str | os.PathLike) -> DeepSpecConfig:
     except Exception as e:
         raise ConfigError(f"{path}: {e}") from e
 
-
-def override_list(cfg: Optional[DeepSpecConfig]) -> List[str]:
-    return [] if cfg is None else list(_flatten("", OmegaConf.to_container(OmegaConf.structured(cfg))))

@@ -18,7 +18,7 @@ error files can be exercised against a real server.
 
 This module starts and stops servers (`serve_in_thread`, ``main``); the parts are
 `chat_request` (validation), `batcher` (dynamic batching) and `handler` (`ChatServer`, the
-HTTP handler, `Faults`), whose names stay importable from here.
+HTTP handler, `Faults`).
 """
 from __future__ import annotations
 
@@ -29,9 +29,7 @@ import sys
 import threading
 
 from .base import Engine
-from .batcher import Batcher  # noqa: F401  (re-exported)
-from .chat_request import ROLES, BadRequest, parse_request  # noqa: F401  (re-exported)
-from .handler import DEFAULT_MAX_BODY, ChatServer, Faults  # noqa: F401  (Faults: re-exported)
+from .handler import DEFAULT_MAX_BODY, ChatServer
 
 
 # -- starting and stopping servers --------------------------------------------------------------------

@@ -14,7 +14,7 @@ The trainer never looks at the algorithm: it calls `build_drafter`, `drafter(bat
 `save_pretrained`, and logs whatever metrics the drafter returns.
 
 Around the loop: `stopping` (signals, non-finite loss), `accumulate` (per-step statistics
-reduced across ranks), `logging` (where the metrics go); their names stay importable from here.
+reduced across ranks), `logging` (where the metrics go).
 """
 from __future__ import annotations
 
@@ -31,6 +31,8 @@ import torch
 from deepspec import paths
 from deepspec.config import to_object, to_yaml
 from deepspec.config.schema import DeepSpecConfig
+from deepspec.drafts import build_drafter
+from deepspec.targets import load_target
 
 from . import checkpoint as ckpt
 from .accumulate import _Accumulator, metric_keys, reduce_stats
@@ -45,7 +47,6 @@ from .distributed import (DistEnv, all_gather_object, all_reduce_, barrier, broa
 from .strategies import FSDPStrategy, build_strategy
 
 log = logging.getLogger("deepspec.train")
-_as_dict = config_as_dict   # its old name here
 
 
 def run(cfg: DeepSpecConfig) -> Path:
@@ -65,8 +66,6 @@ def run(cfg: DeepSpecConfig) -> Path:
 # ---------------------------------------------------------------------------------------------
 class Trainer:
     def __init__(self, cfg: DeepSpecConfig, env: DistEnv):
-        from deepspec.drafts import build_drafter
-        from deepspec.targets import load_target
         self.cfg, self.env, tc = cfg, env, cfg.train
         self.run_dir, self.ckpt_root = paths.run_dir(cfg), paths.checkpoints_dir(cfg)
         self.signals = SignalGuard()
@@ -346,7 +345,6 @@ class Trainer:
 
         def save(out: Path) -> None:   # sharded parameters: save through a full copy on rank 0
             if self._shadow is None:
-                from deepspec.drafts import build_drafter
                 with torch.random.fork_rng(devices=[self.env.device] if self.env.device.type == "cuda" else []):
                     self._shadow = build_drafter(self.target, self.cfg.draft)
             with torch.no_grad():

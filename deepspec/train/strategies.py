@@ -12,8 +12,7 @@ Every strategy exposes the same small surface used by `loop.py`:
     strategy.load_optimizer_state(state)    the same format, any world size / strategy
 
 Weights are loaded into the plain drafter before `setup`, so every strategy starts from them.
-The process group itself (`DistEnv`, `init_distributed`, the collectives) is `distributed`;
-its names stay importable from here.
+The process group itself (`DistEnv`, `init_distributed`, the collectives) is `distributed`.
 """
 from __future__ import annotations
 
@@ -26,8 +25,9 @@ from typing import Dict, List, Optional, Tuple
 import torch
 from torch import nn
 
-from .distributed import (STRATEGIES, DistEnv, all_gather_object, all_reduce_, barrier,  # noqa: F401
-                          broadcast_object, init_distributed, shutdown)
+from deepspec.config.loader import project_root
+
+from .distributed import DistEnv
 from .optim import build_adamw, param_groups, trainable_named_parameters
 
 log = logging.getLogger(__name__)
@@ -284,7 +284,6 @@ def _import_deepspeed(env: DistEnv):
     """Import DeepSpeed so that nothing gets JIT-compiled: on CPU its shared-memory collective
     op (a C++ extension) is marked unavailable and gloo does the communication."""
     if "TORCH_EXTENSIONS_DIR" not in os.environ:
-        from deepspec.config.loader import project_root
         root = project_root() / ".torch_extensions"
         try:
             root.mkdir(parents=True, exist_ok=True)

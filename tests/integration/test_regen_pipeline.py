@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from deepspec.config import load_config
+from deepspec.engines.handler import Faults
 from deepspec.engines.regen import RegenError, regenerate
-from deepspec.engines.server import Faults, serve_in_thread
+from deepspec.engines.server import serve_in_thread
 
 pytestmark = pytest.mark.integration
 torch.set_num_threads(1)

@@ -21,7 +21,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from deepspec.engines.server import BadRequest, ChatServer, main, parse_request, serve_in_thread
+from deepspec.engines.chat_request import BadRequest, parse_request
+from deepspec.engines.handler import ChatServer
+from deepspec.engines.server import main, serve_in_thread
 
 torch.set_num_threads(1)
 CHAT = "/v1/chat/completions"
