@@ -13,6 +13,8 @@ Every strategy exposes the same small surface used by `loop.py`:
 
 Weights are loaded into the plain drafter before `setup`, so every strategy starts from them.
 The process group itself (`DistEnv`, `init_distributed`, the collectives) is `distributed`.
+FSDP2's modules (``torch.distributed.checkpoint`` takes about a second to import) and DeepSpeed
+are imported only by the strategy that uses them.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from deepspec.config.loader import project_root
 
@@ -122,7 +125,6 @@ class DDPStrategy(SingleStrategy):
     def _wrap(self, drafter: nn.Module) -> nn.Module:
         if not self.env.distributed or self.env.world_size == 1:
             return drafter
-        from torch.nn.parallel import DistributedDataParallel as DDP
         ids = [self.env.device.index] if self.env.device.type == "cuda" else None
         return DDP(drafter, device_ids=ids, broadcast_buffers=False,
                    find_unused_parameters=self.cfg.ddp_find_unused_parameters)
