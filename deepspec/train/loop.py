@@ -35,12 +35,12 @@ from deepspec.drafts import build_drafter
 from deepspec.targets import load_target
 
 from . import checkpoint as ckpt
-from .accumulate import _Accumulator, metric_keys, reduce_stats
+from .accumulate import Accumulator, metric_keys, reduce_stats
 from .data import (CachedSequences, GlobalBatchPlan, MicroBatches, OnlineFeatures, OnlineSequences,
                    build_micro_batch, check_batch_sizes, heldout_micro_batches, split_heldout)
 from .logging import MetricsLogger, config_as_dict, progress_postfix
 from .optim import lr_at
-from .stopping import (NonFiniteLossError, SignalGuard, TrainingInterrupted, _ignore_sigint,
+from .stopping import (NonFiniteLossError, SignalGuard, TrainingInterrupted, ignore_sigint,
                        nonfinite_loss_message)
 from .distributed import (DistEnv, all_gather_object, all_reduce_, barrier, broadcast_object, init_distributed,
                           shutdown)
@@ -205,7 +205,7 @@ class Trainer:
                           tc.pad_to_multiple_of)
         return torch.utils.data.DataLoader(ds, batch_size=None, shuffle=False, num_workers=tc.num_workers,
                                            pin_memory=self.env.device.type == "cuda",
-                                           worker_init_fn=_ignore_sigint if tc.num_workers else None)
+                                           worker_init_fn=ignore_sigint if tc.num_workers else None)
 
     def _to_device(self, batch: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
         batch = {k: v.to(self.env.device, non_blocking=True) for k, v in batch.items()}
@@ -228,7 +228,7 @@ class Trainer:
         while self.step < self.total_steps:
             t0 = time.perf_counter()
             lr = lr_at(self.step, self.total_steps, tc.lr, tc.warmup_ratio, tc.min_lr_ratio)
-            acc = _Accumulator()
+            acc = Accumulator()
             for a in range(self.accum):
                 batch = self._to_device(next(batches))
                 last = a == self.accum - 1
@@ -269,7 +269,7 @@ class Trainer:
         self.logger.write(f"done: {self.step} steps; final checkpoint {last_saved}")
         return last_saved
 
-    def _reduce(self, acc: _Accumulator, stop: Optional[int]) -> Dict:
+    def _reduce(self, acc: Accumulator, stop: Optional[int]) -> Dict:
         """Means over every micro-batch of every rank (one all-reduce)."""
         if self._metric_keys is None:   # the same key order on every rank
             self._metric_keys = metric_keys(acc, self.env)
@@ -298,7 +298,7 @@ class Trainer:
         chunks = heldout_micro_batches(self.heldout_idx, tc.micro_batch_sequences, env.rank, env.world_size,
                                        tc.eval_max_sequences)
         self.strategy.train(False)
-        acc = _Accumulator()
+        acc = Accumulator()
         try:
             for items, weight in chunks:
                 batch = build_micro_batch(self.source, items, tc.anchors_per_sequence, self.cfg.seed,
