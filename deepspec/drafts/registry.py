@@ -7,12 +7,12 @@ drafter's own ``cfg`` (and what `save_pretrained` writes) is the effective one.
 
 The registry sits below `deepspec.drafts.base` (whose ``Drafter.from_pretrained`` loads
 through it): it knows a drafter class only by the constructor it calls,
-``cls.from_target(target, cfg)``.  The built-in drafters register when first looked up.
+``cls.from_target(target, cfg)``.  The built-in drafters register when ``deepspec/drafts/__init__.py``
+imports their modules.
 """
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import logging
 from typing import Any, Dict, List, Tuple
 
@@ -22,7 +22,6 @@ from .checkpoint import check_target, coerce_draft_config, load_weights, read_ch
 
 log = logging.getLogger(__name__)
 _REGISTRY: Dict[str, Tuple[type, Dict[str, Any]]] = {}
-_BUILTIN_MODULES = ("deepspec.drafts.parallel", "deepspec.drafts.eagle3")
 
 
 def register_drafter(name: str, **forced_config):
@@ -38,18 +37,11 @@ def register_drafter(name: str, **forced_config):
     return deco
 
 
-def _ensure_builtins() -> None:
-    for mod in _BUILTIN_MODULES:
-        importlib.import_module(mod)
-
-
 def available_drafters() -> List[str]:
-    _ensure_builtins()
     return sorted(_REGISTRY)
 
 
 def _lookup(name: str):
-    _ensure_builtins()
     if name not in _REGISTRY:
         raise ValueError(f"unknown draft algorithm {name!r}; available: {', '.join(sorted(_REGISTRY))}")
     return _REGISTRY[name]
