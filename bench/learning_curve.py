@@ -111,6 +111,7 @@ def main(argv=None) -> int:
                    help="bench/reference.py work directory whose regen and cache are reused")
     p.add_argument("--samples", type=int, default=400, help="must match the reference run's --samples")
     p.add_argument("--max-new-tokens", type=int, default=96, help="must match the reference run")
+    p.add_argument("--max-turns", type=int, default=1, help="must match the reference run")
     p.add_argument("--anchors", type=int, default=16)
     p.add_argument("--layers", type=int, default=1, help="DSpark/DFlash depth (Eagle3 uses 1)")
     p.add_argument("--steps", type=int, default=160)

@@ -36,7 +36,7 @@ DRAFTERS = {
     "eagle3": ["draft=eagle3", "draft.ttt_dense=false"],
 }
 # Arguments that must match for a later `--only` run to join an earlier result file.
-SHARED_ARGS = ("work", "samples", "max_new_tokens", "steps", "anchors", "layers", "eval_samples",
+SHARED_ARGS = ("work", "samples", "max_new_tokens", "max_turns", "steps", "anchors", "layers", "eval_samples",
                "eval_new_tokens", "extra", "sampled_temperatures")
 DOMAIN_BENCHES = ["gsm8k", "math500", "humaneval", "mbpp", "mt-bench", "arena-hard-v2"]
 
@@ -46,7 +46,8 @@ def shared_overrides(args) -> list:
     work = Path(args.work)
     return [f"data.regen_path={work / 'regen' / 'regen.jsonl'}", f"cache.dir={work / 'cache'}",
             "target=smollm2_135m", "data=sharegpt", f"data.max_samples={args.samples}",
-            f"engine.max_new_tokens={args.max_new_tokens}", "engine.max_turns=1", "engine.temperature=0.7",
+            f"engine.max_new_tokens={args.max_new_tokens}", f"engine.max_turns={getattr(args, 'max_turns', 1)}",
+            "engine.temperature=0.7",
             "data.max_length=512", "train=cpu", f"train.max_steps={args.steps}",
             f"train.anchors_per_sequence={args.anchors}", "eval.temperature=0",
             f"eval.max_samples={args.eval_samples}", f"eval.max_new_tokens={args.eval_new_tokens}",
@@ -76,6 +77,7 @@ def main(argv=None) -> int:
     p.add_argument("--work", default=str(REPO / "bench" / "work" / "reference"))
     p.add_argument("--samples", type=int, default=600, help="ShareGPT conversations to regenerate")
     p.add_argument("--max-new-tokens", type=int, default=160, help="regeneration length per turn")
+    p.add_argument("--max-turns", type=int, default=1, help="assistant turns regenerated per conversation")
     p.add_argument("--steps", type=int, default=400, help="training steps per drafter")
     p.add_argument("--anchors", type=int, default=32, help="anchors per training sequence")
     p.add_argument("--layers", type=int, default=2, help="draft depth for DSpark/DFlash (Eagle3 uses 1)")

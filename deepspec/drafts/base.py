@@ -1,4 +1,4 @@
-"""The `Drafter` base class, decoding records, and checkpoint I/O.
+"""The `Drafter` base class, decoding records and helpers shared by the drafters.
 
 Shared target modules
 ---------------------
@@ -8,48 +8,24 @@ a plain attribute (it is not an `nn.Module`), so the embedding and LM head are i
 neither `parameters()` nor `state_dict()`, are never trained, and `.to()` on the
 drafter does not move them.
 
-Checkpoint format (`save_pretrained(dir)`)
-------------------------------------------
-* ``config.json``: ``architecture`` (the registered algorithm name),
-  ``format_version``, ``draft`` (every `DraftConfig` field, loss weights included),
-  ``mask_token_id`` (resolved), ``target`` (fingerprint, ``layer_ids``,
-  ``feature_dim``, hidden/vocab size, model type), and ``shared_modules``
-  naming what is referenced from the target instead of stored.
-* ``model.safetensors``: the trainable weights only.  The embedding and LM head
-  come from the target at load time, so a checkpoint is only meaningful with the
-  same target: `from_pretrained` checks the fingerprint and refuses a different
-  target unless ``allow_target_mismatch=True``; different layer ids or sizes are
-  always refused (the weights would not fit).
+`save_pretrained` / `from_pretrained` write and read the checkpoint format of
+`deepspec.drafts.checkpoint`.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
+from safetensors.torch import save_file
 from torch import nn
 
-from ..config.draft import DraftConfig, LossConfig
-from ..errors import DeepSpecError
-
-log = logging.getLogger(__name__)
-FORMAT_VERSION = 1
-CONFIG_NAME = "config.json"
-WEIGHTS_NAME = "model.safetensors"
-
-
-class DraftTargetMismatchError(DeepSpecError, ValueError):
-    """A draft checkpoint was saved against a different target."""
-
-
-class DraftCheckpointError(DeepSpecError, ValueError):
-    """A draft checkpoint whose config.json is not JSON or whose weights are not safetensors.
-
-    Only ``config.json`` and ``model.safetensors`` are ever read: no pickle, no ``.bin``/``.pt``."""
+from ..config.draft import DraftConfig
+from .checkpoint import CONFIG_NAME, FORMAT_VERSION, WEIGHTS_NAME, coerce_draft_config
+from .registry import load_drafter
 
 
 @dataclass
@@ -73,26 +49,6 @@ class DraftState:
 Warp = Callable[[torch.Tensor], torch.Tensor]
 
 
-def coerce_draft_config(cfg) -> DraftConfig:
-    """A `DraftConfig` from a dataclass, an OmegaConf node or a plain dict (unknown keys dropped)."""
-    if isinstance(cfg, DraftConfig):
-        return dataclasses.replace(cfg, loss=dataclasses.replace(cfg.loss))
-    if not isinstance(cfg, dict):
-        from omegaconf import OmegaConf
-        cfg = OmegaConf.to_container(cfg, resolve=True)
-    d = dict(cfg)
-    known = {f.name for f in dataclasses.fields(DraftConfig)}
-    extra = sorted(set(d) - known)
-    if extra:
-        log.warning("ignoring unknown draft config keys %s", extra)
-    loss = d.get("loss") or {}
-    if not isinstance(loss, LossConfig):
-        lknown = {f.name for f in dataclasses.fields(LossConfig)}
-        loss = LossConfig(**{k: v for k, v in dict(loss).items() if k in lknown})
-    d = {k: v for k, v in d.items() if k in known and k != "loss"}
-    return DraftConfig(**d, loss=loss)
-
-
 def resolve_mask_token_id(cfg: DraftConfig, tokenizer) -> int:
     if cfg.mask_token_id is not None:
         return int(cfg.mask_token_id)
@@ -101,6 +57,17 @@ def resolve_mask_token_id(cfg: DraftConfig, tokenizer) -> int:
         if isinstance(tid, int):
             return tid
     raise ValueError("no mask token: set draft.mask_token_id (the tokenizer has no pad/unk/eos token)")
+
+
+def batch_masks(batch: Dict[str, torch.Tensor], device) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``input_ids`` [B, T] of a teacher-forced batch on ``device`` with its bool attention mask
+    (all ones when absent) and loss mask (the attention mask when absent, else both)."""
+    ids = batch["input_ids"].to(device)
+    am = batch.get("attention_mask")
+    am = torch.ones_like(ids, dtype=torch.bool) if am is None else am.to(device).bool()
+    lm = batch.get("loss_mask")
+    lm = am if lm is None else lm.to(device).bool() & am
+    return ids, am, lm
 
 
 def init_linear_weights(module: nn.Module, std: float = 0.02) -> None:
@@ -188,7 +155,6 @@ class Drafter(nn.Module):
         }
 
     def save_pretrained(self, out_dir) -> Path:
-        from safetensors.torch import save_file
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         (out / CONFIG_NAME).write_text(json.dumps(self.checkpoint_config(), indent=2, sort_keys=True))
@@ -198,29 +164,8 @@ class Drafter(nn.Module):
 
     @classmethod
     def from_pretrained(cls, in_dir, target, allow_target_mismatch: bool = False) -> "Drafter":
-        from .registry import load_drafter
         drafter = load_drafter(in_dir, target, allow_target_mismatch=allow_target_mismatch)
         if not isinstance(drafter, cls):
             raise TypeError(f"{in_dir} holds a {type(drafter).__name__}, not a {cls.__name__}")
         return drafter
 
-
-def check_target(saved: Dict[str, Any], target, allow_target_mismatch: bool = False, where: str = "") -> None:
-    """Refuse a target that differs from the one the draft was trained against."""
-    shape_keys = {"layer_ids": list(target.layer_ids), "feature_dim": int(target.feature_dim),
-                  "hidden_size": int(target.hidden_size), "vocab_size": int(target.vocab_size)}
-    for k, have in shape_keys.items():
-        want = saved.get(k)
-        if want is not None and want != have:
-            hint = " (set target.layer_ids to the saved ids)" if k == "layer_ids" else ""
-            raise DraftTargetMismatchError(f"draft {where}: target {k} is {have} but the draft was saved with "
-                                           f"{want}{hint}")
-    want_fp = saved.get("fingerprint") or {}
-    have_fp = target.fingerprint()
-    diff = sorted(k for k in want_fp if want_fp.get(k) != have_fp.get(k))
-    if diff:
-        msg = (f"draft {where} was trained against a different target ({', '.join(diff)} differ: saved "
-               f"{saved.get('name')!r}, loading with {getattr(target, 'name', None)!r})")
-        if not allow_target_mismatch:
-            raise DraftTargetMismatchError(msg + "; pass allow_target_mismatch=True to load it anyway")
-        log.warning("%s; loading anyway (allow_target_mismatch=True)", msg)

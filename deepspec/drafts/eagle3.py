@@ -51,7 +51,7 @@ from typing import Dict, List, Optional
 import torch
 from torch import nn
 
-from .base import DraftState, Drafter, Proposal, init_linear_weights
+from .base import DraftState, Drafter, Proposal, batch_masks, init_linear_weights
 from .context import append_kv
 from .layers import KV, DraftDims, DraftLayer, RMSNorm
 from .fused_loss import fused_logit_loss
@@ -148,10 +148,8 @@ class Eagle3Drafter(Drafter):
         (default: every position).  Step 0 runs over every position — its keys are the true
         prefix all chains read; steps j >= 1 run only for the chains' own queries."""
         dev = self.device
-        ids = batch["input_ids"].to(dev)
+        ids, am, _ = batch_masks(batch, dev)
         B, T = ids.shape
-        am = batch.get("attention_mask")
-        am = torch.ones_like(ids, dtype=torch.bool) if am is None else am.to(dev).bool()
         r = torch.arange(T, device=dev)
         roots = r.expand(B, T) if roots is None else roots.to(dev).long()
         N = roots.shape[1]
@@ -185,12 +183,8 @@ class Eagle3Drafter(Drafter):
 
     def forward(self, batch: Dict[str, torch.Tensor]) -> Dict[str, object]:
         dev = self.device
-        ids = batch["input_ids"].to(dev)
+        ids, _, lm = batch_masks(batch, dev)
         B, T = ids.shape
-        am = batch.get("attention_mask")
-        am = torch.ones_like(ids, dtype=torch.bool) if am is None else am.to(dev).bool()
-        lm = batch.get("loss_mask")
-        lm = am if lm is None else lm.to(dev).bool() & am
         last = batch["last_hidden"].to(dev)
         S = self.cfg.ttt_steps
         w = step_weights(S, self.cfg.loss.step_decay)

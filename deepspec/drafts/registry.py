@@ -4,27 +4,30 @@
 are `DraftConfig` fields that the name implies (e.g. "dflash" is the parallel
 backbone with both DSpark heads off).  `build_drafter` applies them, so the
 drafter's own ``cfg`` (and what `save_pretrained` writes) is the effective one.
+
+The registry sits below `deepspec.drafts.base` (whose ``Drafter.from_pretrained`` loads
+through it): it knows a drafter class only by the constructor it calls,
+``cls.from_target(target, cfg)``.  The built-in drafters register when ``deepspec/drafts/__init__.py``
+imports their modules.
 """
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import json
 import logging
-from pathlib import Path
-from typing import Any, Dict, List, Tuple, Type
+from typing import Any, Dict, List, Tuple
 
-from .base import CONFIG_NAME, WEIGHTS_NAME, DraftCheckpointError, Drafter, check_target, coerce_draft_config
+from torch import nn
+
+from .checkpoint import check_target, coerce_draft_config, load_weights, read_checkpoint_config
 
 log = logging.getLogger(__name__)
-_REGISTRY: Dict[str, Tuple[Type[Drafter], Dict[str, Any]]] = {}
-_BUILTIN_MODULES = ("deepspec.drafts.dflash", "deepspec.drafts.eagle3")
+_REGISTRY: Dict[str, Tuple[type, Dict[str, Any]]] = {}
 
 
 def register_drafter(name: str, **forced_config):
     """Class decorator: register ``cls`` under ``name`` (config fields in ``forced_config`` are fixed)."""
     def deco(cls):
-        if not (isinstance(cls, type) and issubclass(cls, Drafter)):
+        if not (isinstance(cls, type) and issubclass(cls, nn.Module) and hasattr(cls, "from_target")):
             raise TypeError(f"@register_drafter({name!r}) needs a Drafter subclass, got {cls!r}")
         prev = _REGISTRY.get(name)
         if prev is not None and prev[0].__qualname__ != cls.__qualname__:
@@ -34,18 +37,11 @@ def register_drafter(name: str, **forced_config):
     return deco
 
 
-def _ensure_builtins() -> None:
-    for mod in _BUILTIN_MODULES:
-        importlib.import_module(mod)
-
-
 def available_drafters() -> List[str]:
-    _ensure_builtins()
     return sorted(_REGISTRY)
 
 
 def _lookup(name: str):
-    _ensure_builtins()
     if name not in _REGISTRY:
         raise ValueError(f"unknown draft algorithm {name!r}; available: {', '.join(sorted(_REGISTRY))}")
     return _REGISTRY[name]
@@ -62,7 +58,7 @@ def effective_config(cfg):
     return cfg
 
 
-def build_drafter(target, cfg) -> Drafter:
+def build_drafter(target, cfg) -> nn.Module:
     """A freshly initialised drafter of ``cfg.algorithm`` for ``target`` (on the target's device).
 
     With ``cfg.init_from`` (a `save_pretrained` directory) the weights whose names
@@ -76,24 +72,11 @@ def build_drafter(target, cfg) -> Drafter:
     return drafter
 
 
-def _load_weights(in_dir, device) -> Dict[str, "torch.Tensor"]:
-    """``model.safetensors`` of a draft checkpoint (safetensors only: nothing is ever unpickled)."""
-    from safetensors.torch import load_file
-    path = Path(in_dir) / WEIGHTS_NAME
-    if not path.is_file():
-        raise DraftCheckpointError(f"draft checkpoint {in_dir}: {WEIGHTS_NAME} is missing")
-    try:
-        return load_file(str(path), device=device)
-    except Exception as e:   # SafetensorError on anything else (a pickle, a torch.save zip, garbage)
-        raise DraftCheckpointError(f"{path}: not a readable safetensors file ({type(e).__name__}: {e}); "
-                                   "deepspec loads draft weights from safetensors only") from None
-
-
-def init_weights_from(drafter: Drafter, in_dir, target) -> List[str]:
+def init_weights_from(drafter: nn.Module, in_dir, target) -> List[str]:
     """Copy matching weights of a saved drafter into ``drafter``; returns the names copied."""
     meta = read_checkpoint_config(in_dir)
     check_target(meta.get("target") or {}, target, False, where=f"init_from={in_dir}")
-    saved = _load_weights(in_dir, str(drafter.device))
+    saved = load_weights(in_dir, str(drafter.device))
     own = drafter.state_dict()
     bad = sorted(k for k in saved if k in own and saved[k].shape != own[k].shape)
     if bad:
@@ -109,20 +92,7 @@ def init_weights_from(drafter: Drafter, in_dir, target) -> List[str]:
     return copied
 
 
-def read_checkpoint_config(in_dir) -> Dict[str, Any]:
-    path = Path(in_dir) / CONFIG_NAME
-    if not path.is_file():
-        raise FileNotFoundError(f"no draft checkpoint at {in_dir} (missing {CONFIG_NAME})")
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as e:   # includes bad UTF-8
-        raise DraftCheckpointError(f"{path}: not valid JSON ({type(e).__name__}: {e})") from None
-    if not isinstance(meta, dict):
-        raise DraftCheckpointError(f"{path}: expected a JSON object")
-    return meta
-
-
-def load_drafter(in_dir, target, allow_target_mismatch: bool = False) -> Drafter:
+def load_drafter(in_dir, target, allow_target_mismatch: bool = False) -> nn.Module:
     """Rebuild a drafter saved with `save_pretrained` against ``target`` (checked by fingerprint)."""
     meta = read_checkpoint_config(in_dir)
     name = meta.get("architecture")
@@ -134,7 +104,7 @@ def load_drafter(in_dir, target, allow_target_mismatch: bool = False) -> Drafter
     cfg = dataclasses.replace(cfg, init_from=None)   # the saved weights replace any init anyway
     check_target(meta.get("target") or {}, target, allow_target_mismatch, where=str(in_dir))
     drafter = build_drafter(target, cfg)
-    state = _load_weights(in_dir, str(drafter.device))
+    state = load_weights(in_dir, str(drafter.device))
     missing, unexpected = drafter.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise ValueError(f"draft checkpoint {in_dir} does not fit a {name} drafter: "

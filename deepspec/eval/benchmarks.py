@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from ..data import DataError
+from ..config.loader import project_root
 
 __all__ = ["DOMAINS", "BENCHMARK_DOMAIN", "Sample", "domain_of", "resolve_data_dir", "benchmark_path",
            "load_benchmark", "load_benchmarks"]
@@ -51,7 +52,6 @@ def resolve_data_dir(data_dir: str | os.PathLike) -> Path:
         return p
     if p.is_dir():
         return p.resolve()
-    from deepspec.config.loader import project_root
     alt = project_root() / p
     return alt.resolve() if alt.is_dir() else p
 

@@ -99,6 +99,16 @@ def macro_average(per_benchmark: Mapping[str, Mapping[str, Any]],
     return out
 
 
+def _calibrated(conf, temperatures: Optional[Sequence[float]]) -> np.ndarray:
+    """Per-position confidences clipped into (0, 1), then σ(logit(c_k) / T_k) when temperatures are given
+    (positions beyond them reuse the last)."""
+    c = np.clip(np.asarray(conf, dtype=np.float64), 1e-6, 1 - 1e-6)
+    if temperatures:
+        t = np.asarray((list(temperatures) + [temperatures[-1]] * len(c))[: len(c)], dtype=np.float64)
+        c = 1.0 / (1.0 + np.exp(-(np.log(c) - np.log1p(-c)) / t))
+    return c
+
+
 def cumulative_confidence_points(rounds: Sequence[Any], temperatures: Optional[Sequence[float]] = None):
     """(a_k, survived_k) pairs for every observed position: ``a_k = Π_{i≤k} c_i`` (calibrated with
     per-position temperatures when given); survival at k is observed if k ≤ ℓ or the chain broke."""
@@ -107,10 +117,7 @@ def cumulative_confidence_points(rounds: Sequence[Any], temperatures: Optional[S
         c = _get(r, "confidence")
         if not c:
             continue
-        c = np.clip(np.asarray(c, dtype=np.float64), 1e-6, 1 - 1e-6)
-        if temperatures:
-            t = np.asarray((list(temperatures) + [temperatures[-1]] * len(c))[: len(c)], dtype=np.float64)
-            c = 1.0 / (1.0 + np.exp(-(np.log(c) - np.log1p(-c)) / t))
+        c = _calibrated(c, temperatures)
         a = np.cumprod(c)
         acc = int(_get(r, "accepted"))
         ver = int(_get(r, "proposed", _get(r, "verified", len(c))))
@@ -151,11 +158,7 @@ def threshold_sweep(rounds: Sequence[Any], thresholds: Optional[Sequence[float]]
         c = _get(r, "confidence")
         if not c:
             continue
-        c = np.clip(np.asarray(c, dtype=np.float64), 1e-6, 1 - 1e-6)
-        if temperatures:
-            t = np.asarray((list(temperatures) + [temperatures[-1]] * len(c))[: len(c)], dtype=np.float64)
-            c = 1.0 / (1.0 + np.exp(-(np.log(c) - np.log1p(-c)) / t))
-        rows.append((np.cumprod(c), int(_get(r, "accepted"))))
+        rows.append((np.cumprod(_calibrated(c, temperatures)), int(_get(r, "accepted"))))
     out: Dict[str, List[float]] = {"threshold": [], "tau": [], "verified_per_round": [],
                                    "tokens_per_verified": [], "rounds": []}
     for th in thresholds:

@@ -21,7 +21,8 @@ from typing import List, Optional
 import torch
 
 from deepspec.config.draft import DraftConfig
-from deepspec.drafts.base import Drafter, Proposal, coerce_draft_config
+from deepspec.drafts.base import Drafter, Proposal
+from deepspec.drafts.checkpoint import coerce_draft_config
 from deepspec.drafts.registry import register_drafter
 
 __all__ = ["TargetAsDraft", "FixedDistributionDraft", "Proposal"]

@@ -16,21 +16,35 @@ target alone decodes the same prompt for the tokens/s baseline.  Outputs go to
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
+import os
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
+from omegaconf import OmegaConf
+from tqdm.auto import tqdm
 
+from ..config import save_config
+from ..drafts.registry import build_drafter, load_drafter
+from ..paths import eval_dir
+from ..schedule.calibration import Calibration, find_calibration
+from ..schedule.prefix_scheduler import policy_from_config
+from ..targets import load_target
+from ..targets.chat import encode_prompt
+from ..utils.fs import atomic_write, jsonl_line
+from . import reference_drafters  # noqa: F401  (registers target_as_draft / fixed_distribution_draft)
 from .benchmarks import Sample, domain_of, load_benchmarks
 from .metrics import (acceptance_metrics, cumulative_confidence_points, macro_average, nanmean, reliability,
                       speed_metrics, threshold_sweep)
+from .report import make_plots, write_report
 from .sampling import Warp, make_warp
 from .speculative import GenerationResult, RoundStats, speculative_generate, target_generate
-from ..utils.fs import atomic_write, jsonl_line
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +101,6 @@ def drafter_gamma(drafter, default: int = 7) -> int:
 
 def load_eval_drafter(cfg, target) -> Tuple[Any, Dict[str, Any]]:
     """The drafter of ``eval.checkpoint`` (or a random-init ``cfg.draft`` with a warning)."""
-    from . import reference_drafters  # noqa: F401  (registers target_as_draft / fixed_distribution_draft)
-    from deepspec.drafts.registry import build_drafter, load_drafter
     ckpt = cfg.eval.checkpoint
     if ckpt:
         drafter = load_drafter(ckpt, target)
@@ -114,15 +126,13 @@ def build_policy(cfg, target=None):
     Uses `deepspec.schedule.prefix_scheduler.policy_from_config`: fixed γ by default,
     a threshold on the (STS-calibrated) cumulative confidence when
     ``eval.confidence_threshold`` is set, or the prefix scheduler (``schedule.policy``)."""
-    from deepspec.schedule.prefix_scheduler import policy_from_config
     policy = policy_from_config(cfg, target)
     cal = getattr(policy, "calibration", None)
     if cal is None:
         try:
-            from deepspec.schedule.calibration import Calibration, find_calibration
             sc = getattr(cfg.schedule, "calibration", None)
             cal = Calibration.load(sc) if sc else find_calibration(cfg.eval.checkpoint)
-        except (ImportError, FileNotFoundError):
+        except FileNotFoundError:
             cal = None
     temps = list(cal.temperatures) if cal is not None else None
     return policy, temps
@@ -211,9 +221,6 @@ def evaluate(target, drafter, benchmarks: Mapping[str, Sequence[Sample]], *, gam
              rollout_sink: Optional[Callable[[str], None]] = None, warmup: bool = True,
              progress: bool = True) -> List[RequestRecord]:
     """Run speculative (+ baseline) decoding on every turn of every sample; returns the records."""
-    from tqdm.auto import tqdm
-
-    from deepspec.targets.chat import encode_prompt
     tok = target.tokenizer
     eos = list(target.eos_token_ids if eos_token_ids is None else eos_token_ids)
     eos_set = set(eos)
@@ -283,7 +290,6 @@ def _clean(x):
 
 
 def _config_dict(cfg) -> Dict[str, Any]:
-    from omegaconf import OmegaConf
     node = cfg if not hasattr(cfg, "__dataclass_fields__") else OmegaConf.structured(cfg)
     return OmegaConf.to_container(node, resolve=True)
 
@@ -291,9 +297,6 @@ def _config_dict(cfg) -> Dict[str, Any]:
 def fingerprint(cfg, benches: Mapping[str, Sequence[Sample]]) -> str:
     """What an eval's numbers depend on: the resolved config (less `eval.rerun`/`eval.progress`),
     the checkpoint's files (name, size, mtime) and the prompts themselves."""
-    import hashlib
-    import os
-    from pathlib import Path
     conf = _config_dict(cfg)
     conf.get("eval", {}).pop("rerun", None)
     conf.get("eval", {}).pop("progress", None)
@@ -325,11 +328,6 @@ def run(cfg) -> Dict[str, Any]:
 
     An output directory whose results.json was written for the same config, checkpoint files and
     prompts is reused as it is (``eval.rerun=true`` decodes again)."""
-    from deepspec.config import save_config
-    from deepspec.paths import eval_dir
-    from deepspec.targets import load_target
-    from .report import make_plots, write_report
-
     ec = cfg.eval
     out = eval_dir(cfg)
     out.mkdir(parents=True, exist_ok=True)

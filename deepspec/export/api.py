@@ -1,18 +1,27 @@
 """`export_draft` / `import_draft` / `verify_export`: the functions behind `deepspec export`."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import shutil
 from pathlib import Path
-from typing import Dict, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 
-from . import engines
+from ..config import TargetConfig
+from ..drafts import DraftTargetMismatchError, load_drafter
+from ..utils.fs import atomic_dir
+from . import schemas
 from .card import model_card
-from .common import (CONFIG_NAME, PROVENANCE_NAME, WEIGHTS_NAME, ExportResult, atomic_dir, find_results,
+from .common import (CONFIG_NAME, PROVENANCE_NAME, WEIGHTS_NAME, ExportResult, check_output_dir, find_results,
                      has_target_source, load_target_for, read_checkpoint, read_results, write_json)
-from .errors import ExportError
+from .engine_formats import ENGINE_FORMATS, Plan, target_blockers, verifier_name
+from .errors import ExportError, ExportUnsupported
+from .importers import detect_format, import_engine
+from .registry import exporter_for
 
 log = logging.getLogger(__name__)
 
@@ -21,14 +30,11 @@ FORMATS = ("hf", "vllm", "sglang")
 
 def import_draft(path, target, fmt: Optional[str] = None):
     """Read a draft written by `export_draft` (any format) back into a deepspec drafter for ``target``."""
-    fmt = fmt or engines.detect_format(path)
+    fmt = fmt or detect_format(path)
     if fmt == "hf":
-        from ..drafts import load_drafter
         return load_drafter(path, target)
-    if fmt == "vllm":
-        return engines.import_vllm(path, target)
-    if fmt == "sglang":
-        return engines.import_sglang(path, target)
+    if fmt in ENGINE_FORMATS:
+        return import_engine(fmt, path, target)
     raise ValueError(f"unknown format {fmt!r}; choose from {FORMATS}")
 
 
@@ -48,51 +54,22 @@ def probe_batch(target, gamma: int, seed: int = 0, dtype=torch.float32) -> Dict[
             "last_hidden": torch.zeros(1, T, int(target.hidden_size), dtype=dtype), "anchors": anchors}
 
 
-def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.float().cpu() - b.float().cpu()).abs().max())
-
-
 def verify_export(out: Path, fmt: str, original, target, nothing_dropped: bool, seed: int = 0) -> Dict[str, float]:
     """Re-read the export and compare logits; raise `ExportError` on a mismatch.
 
-    * ``reimport``: our drafter rebuilt from the written files vs the trained drafter (must be exact);
+    The algorithm's exporter (`Exporter.compare`) measures, on a random probe batch:
+
+    * ``reimport*``: our drafter rebuilt from the written files vs the trained drafter (must be exact);
       skipped when heads were dropped (the export intentionally differs then).
-    * ``reference`` (engine formats): an independent implementation of the engine's forward
-      (`deepspec.export.reference`) on the written files vs the re-imported drafter."""
-    from .reference import EngineDraft
+    * ``reference*`` (engine formats): an independent implementation of the engine's forward
+      (`deepspec.export.reference`, `deepspec.export.reference_eagle3`) on the written files vs the
+      re-imported drafter."""
     out = Path(out)
-    got: Dict[str, float] = {}
     original = original.eval()
     re_drafter = import_draft(out, target, fmt).eval()
     batch = probe_batch(target, int(original.cfg.gamma), seed, dtype=original.param_dtype)
-    if original.algorithm == "eagle3":
-        ref = re_drafter.step_logits(batch)
-        got.update(_eagle3_diffs(out, fmt, original, ref, batch, target))
-    else:
-        new = re_drafter.block_logits(batch)
-        ref = new["logits"]
-        if nothing_dropped:
-            old = original.block_logits(batch)
-            got["reimport_max_abs_diff"] = _max_diff(old["logits"], new["logits"])
-            if old["confidence"] is not None:
-                got["reimport_confidence_max_abs_diff"] = _max_diff(old["confidence"], new["confidence"])
-        if fmt in engines.ENGINE_FORMATS:
-            eng = EngineDraft.from_dir(out)
-
-            def embed(ids):
-                with torch.no_grad():
-                    return target.embed(ids.to(target.device)).float().cpu()
-
-            def lm_logits(h):
-                with torch.no_grad():
-                    return target.logits_from_hidden(h.to(target.device, target.dtype)).float().cpu()
-
-            anchors = [int(a) for a in batch["anchors"][0]]
-            eng_logits, eng_conf = eng.block_logits(batch["features"][0].float(), batch["input_ids"][0], anchors,
-                                                    embed, lm_logits)
-            got["reference_max_abs_diff"] = _max_diff(eng_logits, new["logits"][0])
-            if eng_conf is not None and new["confidence"] is not None:
-                got["reference_confidence_max_abs_diff"] = _max_diff(eng_conf, new["confidence"][0])
+    got, ref = exporter_for(original.algorithm).compare(out, fmt, original, re_drafter, batch, target,
+                                                         nothing_dropped)
     # fp32 end to end: the re-import must be bit-exact and the reference agree to rounding;
     # low-precision targets/drafts round the LM-head input, so the bounds scale with the logits
     exact = target.dtype == torch.float32 and original.param_dtype == torch.float32
@@ -108,40 +85,11 @@ def verify_export(out: Path, fmt: str, original, target, nothing_dropped: bool, 
     return got
 
 
-def _eagle3_diffs(out: Path, fmt: str, original, new: torch.Tensor, batch, target) -> Dict[str, float]:
-    """Eagle3: the re-import's teacher-forced step logits vs the trained draft's, and (engine formats) the
-    independent engine forward (`deepspec.export.reference_eagle3`) on the written files vs the re-import.
-
-    Engine formats do not carry our TTT padding token, so only chain steps inside the probe are compared."""
-    old = original.step_logits(batch)
-    if fmt not in engines.ENGINE_FORMATS:
-        return {"reimport_max_abs_diff": _max_diff(old, new)}
-    from .reference_eagle3 import EngineEagle3
-    S, T = min(old.shape[1], new.shape[1]), new.shape[2]       # the engine formats carry γ, not ttt_steps
-    old, new = old[:, :S], new[:, :S]
-    inside = (torch.arange(T).view(1, T) + torch.arange(S).view(S, 1)) <= T - 2     # x_{r+1+j} exists
-    got = {"reimport_max_abs_diff": _max_diff(old[0][inside], new[0][inside])}
-    eng = EngineEagle3.from_dir(out)
-
-    def embed(ids):   # the engines embed draft tokens with the target's (raw) embedding table
-        with torch.no_grad():
-            return torch.nn.functional.embedding(ids.to(target.device), target.embed_tokens.weight).float().cpu()
-
-    diffs = []
-    for r in sorted({0, T // 2, T - 2}):
-        steps = min(S, T - 1 - r)
-        ref = eng.chain_logits(batch["features"][0], batch["input_ids"][0], r, steps, embed)
-        diffs.append(_max_diff(ref, new[0, :steps, r]))
-    got["reference_max_abs_diff"] = max(diffs)
-    return got
-
-
 _ST_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64}
 
 
 def _stored_dtype(ckpt) -> Optional[torch.dtype]:
     """The floating-point dtype the checkpoint stores its weights in (exports keep it)."""
-    from safetensors import safe_open
     with safe_open(str(ckpt.weights_path()), framework="pt") as f:
         kinds = {f.get_slice(k).get_dtype() for k in f.keys()}
     floats = [_ST_DTYPES[k] for k in kinds if k in _ST_DTYPES]
@@ -163,12 +111,12 @@ def export_draft(ckpt_path, out, fmt: str, *, target_path: Optional[str] = None,
     res_path = find_results(ckpt.path, results)
     res = read_results(res_path)
     tcfg = None
+    exporter = exporter_for(ckpt.algorithm)
     if fmt != "hf":   # refuse what the engine cannot run before loading anything
-        from safetensors import safe_open
         with safe_open(str(ckpt.weights_path()), framework="pt") as f:
             keys = list(f.keys())
-        engines.analyze(fmt, ckpt.algorithm, {**ckpt.draft, "_n_feature_layers": len(ckpt.layer_ids)}, keys,
-                        allow_drop_heads=allow_drop_heads)
+        exporter.analyze(fmt, ckpt.algorithm, {**ckpt.draft, "_n_feature_layers": len(ckpt.layer_ids)}, keys,
+                         allow_drop_heads=allow_drop_heads)
     if target is None and (fmt != "hf" or has_target_source(ckpt, target_path, overrides)):
         try:
             target, tcfg = load_target_for(ckpt, target_path, overrides)
@@ -179,28 +127,27 @@ def export_draft(ckpt_path, out, fmt: str, *, target_path: Optional[str] = None,
             log.warning("exporting without a target (%s): no fingerprint check, no self-check", e)
             target = None
     if target is not None and tcfg is None:    # a loaded target was handed in: name it as best we can
-        from ..config import TargetConfig
         run_path = ((ckpt.run or {}).get("target") or {}).get("path")
         tcfg = TargetConfig(path=target_path or run_path or getattr(target, "name", "target"))
     drafter = None
     if target is not None:
-        from ..drafts import DraftTargetMismatchError, load_drafter
         try:
             drafter = load_drafter(ckpt.path, target)
         except DraftTargetMismatchError as e:
             raise ExportError(f"{e}. Export with the target the draft was trained on (see `deepspec check`).") from e
         drafter.eval()
     result = ExportResult(fmt=fmt, out=out)
-    verifier = engines.verifier_name(tcfg) if tcfg is not None else None
-    with atomic_dir(out, force=force) as tmp:
+    verifier = verifier_name(tcfg) if tcfg is not None else None
+    check_output_dir(out, force)
+    with atomic_dir(out) as tmp:
         engine_cfg = None
         nothing_dropped = True
         if fmt == "hf":
             shutil.copy2(ckpt.path / CONFIG_NAME, tmp / CONFIG_NAME)
             shutil.copy2(ckpt.path / WEIGHTS_NAME, tmp / WEIGHTS_NAME)
         else:
-            plan, engine_cfg = engines.export_engine(fmt, drafter, target, tcfg, tmp, allow_drop_heads,
-                                                     draft_meta=ckpt.draft, dtype=_stored_dtype(ckpt))
+            plan, engine_cfg = export_engine(fmt, drafter, target, tcfg, tmp, allow_drop_heads,
+                                             draft_meta=ckpt.draft, dtype=_stored_dtype(ckpt))
             result.dropped, result.warnings = list(plan.dropped), list(plan.warnings)
             nothing_dropped = not plan.dropped
             for w in plan.warnings:
@@ -224,3 +171,31 @@ def export_draft(ckpt_path, out, fmt: str, *, target_path: Optional[str] = None,
         write_json(tmp / PROVENANCE_NAME, provenance)
         result.files = sorted(p.name for p in tmp.iterdir())
     return result
+
+
+def export_engine(fmt: str, drafter, target, target_cfg, out: Path, allow_drop_heads: bool = False,
+                  draft_meta: Optional[Dict[str, Any]] = None,
+                  dtype: Optional[torch.dtype] = None) -> Tuple[Plan, Dict[str, Any]]:
+    """Write ``config.json`` + ``model.safetensors`` of ``drafter`` in ``fmt`` (vllm | sglang) into ``out``.
+
+    ``dtype``: the dtype to store floating-point weights in (default: the drafter's)."""
+    exporter = exporter_for(drafter.algorithm)
+    meta = dict(draft_meta or dataclasses.asdict(drafter.cfg))
+    meta["_n_feature_layers"] = len(target.layer_ids)
+    state = drafter.state_dict()
+    plan = exporter.analyze(fmt, drafter.algorithm, meta, state.keys(), allow_drop_heads=allow_drop_heads)
+    blockers = target_blockers(target)
+    if blockers:
+        raise ExportUnsupported(f"{fmt}: " + "; ".join(blockers) + ". Nothing was written.")
+    if max(target.layer_ids) == target.num_layers - 1 and fmt == "vllm":
+        plan.warnings.append(f"layer id {target.num_layers - 1} is the target's last decoder layer: vLLM captures "
+                             "the input of layer k, so it needs aux id = num_layers, which not every vLLM model "
+                             "captures")
+    dtype = dtype or next(iter(state.values())).dtype
+    raw = exporter.engine_weights(fmt, drafter, target, plan)
+    cfg = exporter.engine_config(fmt, drafter, target, target_cfg, plan, dtype)
+    weights = {k: v.to(dtype) if v.is_floating_point() else v for k, v in raw.items()}
+    schemas.check(cfg, exporter.schemas[fmt][0])
+    write_json(out / CONFIG_NAME, cfg)
+    save_file(weights, str(out / WEIGHTS_NAME), metadata={"format": "pt"})
+    return plan, cfg

@@ -1,15 +1,12 @@
 """Model cards (README.md) for exported drafts."""
 from __future__ import annotations
 
-import json
 from typing import Any, Dict, List, Optional
 
-from .common import Checkpoint
+from .common import Checkpoint, training_data
+from .registry import exporter_for
 
-FORMAT_TITLES = {"hf": "deepspec checkpoint (from_pretrained)", "vllm": "vLLM — speculators DSpark format",
-                 "sglang": "SGLang — DSpark draft (Qwen3DSparkModel)"}
-EAGLE3_TITLES = {"vllm": "vLLM — speculators EAGLE-3 format",
-                 "sglang": "SGLang — EAGLE-3 draft (LlamaForCausalLMEagle3)"}
+HF_TITLE = "deepspec checkpoint (from_pretrained)"
 
 
 def _fmt(v, nd=3) -> str:
@@ -18,32 +15,17 @@ def _fmt(v, nd=3) -> str:
     return "—" if v is None else str(v)
 
 
-def serve_command(fmt: str, out: str, verifier: str, gamma: int, algorithm: str = "dspark") -> Optional[str]:
-    eagle3 = algorithm == "eagle3"
-    if fmt == "vllm":
-        spec = json.dumps({"model": out, "method": "eagle3" if eagle3 else "dspark", "num_speculative_tokens": gamma})
-        return f"vllm serve {verifier} --speculative-config '{spec}'"
-    if fmt == "sglang" and eagle3:
-        return (f"python -m sglang.launch_server --model-path {verifier} --speculative-algorithm EAGLE3 "
-                f"--speculative-draft-model-path {out} --speculative-num-steps {gamma} --speculative-eagle-topk 1 "
-                f"--speculative-num-draft-tokens {gamma + 1}")
-    if fmt == "sglang":
-        return (f"python -m sglang.launch_server --model-path {verifier} --speculative-algorithm DSPARK "
-                f"--speculative-draft-model-path {out} --speculative-num-draft-tokens {gamma + 1}")
-    return None
-
-
 def model_card(ckpt: Checkpoint, fmt: str, *, out: str, results: Optional[Dict[str, Any]] = None,
                dropped: List[str] = (), warnings: List[str] = (), target_path: Optional[str] = None,
                verifier: Optional[str] = None, engine_config: Optional[Dict[str, Any]] = None,
                verified: Optional[Dict[str, float]] = None) -> str:
-    from .common import training_data
+    exporter = exporter_for(ckpt.algorithm)
     meta, draft, tgt = ckpt.meta, ckpt.draft, ckpt.target
     fp = tgt.get("fingerprint") or {}
     gamma = int(draft.get("gamma") or 0)
     run_target = (ckpt.run or {}).get("target") or {}
     tpath = target_path or run_target.get("path") or tgt.get("name")
-    title = (EAGLE3_TITLES.get(fmt) if ckpt.algorithm == "eagle3" else None) or FORMAT_TITLES[fmt]
+    title = HF_TITLE if fmt == "hf" else exporter.title(fmt)
     lines: List[str] = ["---", "library_name: deepspec", "tags:", "  - speculative-decoding",
                         f"  - {ckpt.algorithm}"]
     if tpath and "/" in str(tpath) and not str(tpath).startswith(("/", ".", "tiny:", "reference:")):
@@ -58,20 +40,12 @@ def model_card(ckpt: Checkpoint, fmt: str, *, out: str, results: Optional[Dict[s
                   "will be lower than the numbers below, which were measured with the full draft.", ""]
     if warnings:
         lines += ["**Notes:**", ""] + [f"- {w}" for w in warnings] + [""]
-    if ckpt.algorithm == "dspark":
-        head_row = f"| sequential head | {draft.get('sequential_head', 'none')} (rank {draft.get('head_rank')}) |"
-    elif ckpt.algorithm == "eagle3":
-        head_row = (f"| training-time-test steps | {draft.get('ttt_steps')} (layout "
-                    f"{draft.get('eagle3_layout') or 'native'}) |")
-    else:
-        head_row = "| heads | none |"
     lines += ["## Draft", "", "| field | value |", "|---|---|",
               f"| algorithm | `{ckpt.algorithm}` |",
               f"| γ (block size / draft tokens per round) | {gamma} |",
-              f"| draft layers | {draft.get('num_layers')} |",
-              head_row,
-              f"| confidence head | {bool(draft.get('confidence_head')) and ckpt.algorithm == 'dspark'} |",
-              f"| mask token id | {meta.get('mask_token_id')} |", ""]
+              f"| draft layers | {draft.get('num_layers')} |"]
+    lines += [f"| {k} | {v} |" for k, v in exporter.draft_rows(ckpt.algorithm, draft)]
+    lines += [f"| mask token id | {meta.get('mask_token_id')} |", ""]
     lines += ["## Target", "", "| field | value |", "|---|---|",
               f"| path | `{tpath}` |", f"| model type | {tgt.get('model_type')} |",
               f"| hidden size | {tgt.get('hidden_size')} |", f"| vocab size | {tgt.get('vocab_size')} |",
@@ -79,23 +53,9 @@ def model_card(ckpt: Checkpoint, fmt: str, *, out: str, results: Optional[Dict[s
               f"| weights sha256 | `{fp.get('weights_sha256')}` |",
               f"| tokenizer sha256 | `{fp.get('tokenizer_sha256')}` |",
               f"| chat template sha256 | `{fp.get('chat_template_sha256')}` |", ""]
-    if engine_config is not None:
-        if "eagle_aux_hidden_state_layer_ids" in engine_config:
-            lines += [f"Engine layer ids: `eagle_aux_hidden_state_layer_ids = "
-                      f"{engine_config['eagle_aux_hidden_state_layer_ids']}` (vLLM captures the input of decoder "
-                      "layer k = deepspec id + 1).", ""]
-        elif "eagle_config" in engine_config:
-            lines += [f"Engine layer ids: `eagle_config.eagle_aux_hidden_state_layer_ids = "
-                      f"{engine_config['eagle_config'].get('eagle_aux_hidden_state_layer_ids')}` (layer outputs, as "
-                      "in deepspec; SGLang adds 1 itself).", ""]
-        elif fmt == "vllm":
-            aux = engine_config.get("aux_hidden_state_layer_ids")
-            lines += [f"Engine layer ids: `aux_hidden_state_layer_ids = {aux}` (vLLM captures the input of decoder "
-                      "layer k = deepspec id + 1).", ""]
-        elif fmt == "sglang":
-            lines += [f"Engine layer ids: `dflash_config.target_layer_ids = "
-                      f"{(engine_config.get('dflash_config') or {}).get('target_layer_ids')}` (layer outputs, as in "
-                      "deepspec).", ""]
+    note = exporter.layer_ids_note(fmt, engine_config) if engine_config is not None else None
+    if note:
+        lines += [note, ""]
     data = training_data(ckpt.run)
     lines += ["## Training data", ""]
     if data:
@@ -115,7 +75,7 @@ def model_card(ckpt: Checkpoint, fmt: str, *, out: str, results: Optional[Dict[s
     else:
         lines += ["No eval results.json found next to the checkpoint (pass `--results` to include τ).", ""]
     lines += ["## Use", ""]
-    cmd = serve_command(fmt, out, verifier or str(tpath), gamma, ckpt.algorithm)
+    cmd = None if fmt == "hf" else exporter.serve_command(fmt, out, verifier or str(tpath), gamma)
     if cmd:
         lines += ["```bash", cmd, "```", ""]
     else:

@@ -28,6 +28,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
+import yaml
+
+from ..config import ConfigError
+from ..targets import load_target
+from ..targets.chat import encode_chat, encode_prompt
+from .common import CONFIG_NAME, PROVENANCE_NAME, RUN_YAML, Checkpoint, resolve_target_config, target_overrides
+from .errors import ExportError
+from .registry import exporter_for
+
 log = logging.getLogger(__name__)
 
 DEFAULT_CONVERSATIONS: List[List[Dict[str, str]]] = [
@@ -85,9 +94,6 @@ class CheckReport:
 # -- what the draft recorded ---------------------------------------------------------------------------------
 def _recorded(path: Path) -> Dict[str, Any]:
     """{"target": {...fingerprint, layer_ids...}, "mask_token_id", "algorithm", "run"} of a checkpoint or an export."""
-    import yaml
-    from .common import CONFIG_NAME, PROVENANCE_NAME, RUN_YAML
-    from .errors import ExportError
     cfg_path = path / CONFIG_NAME
     if not cfg_path.is_file():
         raise ExportError(f"{path}: no {CONFIG_NAME}")
@@ -103,16 +109,7 @@ def _recorded(path: Path) -> Dict[str, Any]:
         raise ExportError(f"{path}: neither a deepspec checkpoint nor a `deepspec export` output "
                           f"(no {PROVENANCE_NAME}); engine checkpoints trained elsewhere record no target hashes")
     prov = json.loads(prov_path.read_text())
-    engine_ids, mask = None, None
-    if "speculators_model_type" in cfg:        # vLLM ids = ours + 1 (DSpark and EAGLE-3 alike)
-        aux = cfg.get("aux_hidden_state_layer_ids") or cfg.get("eagle_aux_hidden_state_layer_ids") or []
-        engine_ids = [int(i) - 1 for i in aux]
-        mask = cfg.get("mask_token_id")
-    elif "dflash_config" in cfg:
-        engine_ids = [int(i) for i in cfg["dflash_config"].get("target_layer_ids") or []]
-        mask = cfg["dflash_config"].get("mask_token_id")
-    elif "eagle_config" in cfg:                # SGLang EAGLE-3: layer outputs, as ours
-        engine_ids = [int(i) for i in cfg["eagle_config"].get("eagle_aux_hidden_state_layer_ids") or []]
+    engine_ids, mask = exporter_for(str(prov.get("algorithm"))).recorded_layer_ids(str(prov.get("format")), cfg)
     return {"target": prov.get("target") or {}, "mask_token_id": mask,
             "algorithm": prov.get("algorithm"), "run": run, "engine_layer_ids": engine_ids}
 
@@ -128,7 +125,6 @@ def _decode_window(tok, ids: Sequence[int], pos: int, before: int = 6, after: in
 def diff_renderings(tokenizer, conversation: List[Dict[str, str]], train_kwargs: Dict[str, Any],
                     server_kwargs: Dict[str, Any]) -> List[Dict[str, Any]]:
     """For each assistant turn: where the server's prompt ids leave the training ids (empty list = consistent)."""
-    from ..targets.chat import encode_chat, encode_prompt
     train = encode_chat(tokenizer, conversation, **train_kwargs).input_ids
     out = []
     for i, m in enumerate(conversation):
@@ -266,16 +262,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    from ..config import ConfigError
-    from ..targets import load_target
-    from .common import resolve_target_config, target_overrides
-    from .errors import ExportError
     args = build_parser().parse_intermixed_args(list(sys.argv[1:] if argv is None else argv))
     path = Path(args.checkpoint)
     overrides = [*args.overrides, *target_overrides(args.target)]
     try:
         rec = _recorded(path)
-        from .common import Checkpoint
         ck = Checkpoint(path, {"target": rec["target"]}, rec["run"] if isinstance(rec["run"], dict) else None)
         if not (args.target_path or overrides or (ck.run or {}).get("target")):
             raise ConfigError("no target: give --target-path or target.* overrides (the checkpoint has no run.yaml)")

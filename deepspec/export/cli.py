@@ -6,6 +6,11 @@ import logging
 import sys
 from typing import List, Optional
 
+from ..config import ConfigError
+from .api import FORMATS, export_draft
+from .common import target_overrides
+from .errors import ExportError, ExportUnsupported
+
 log = logging.getLogger(__name__)
 
 
@@ -17,7 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "draft.eagle3_layout=engine: speculators / SGLang EAGLE-3). Engine formats need the "
                     "target (from the checkpoint's run.yaml, --target-path or target.* overrides); whatever an "
                     "engine cannot run exactly is refused with an explanation.")
-    p.add_argument("--to", dest="fmt", required=True, choices=["hf", "vllm", "sglang"])
+    p.add_argument("--to", dest="fmt", required=True, choices=list(FORMATS))
     p.add_argument("checkpoint", help="draft checkpoint directory (config.json + model.safetensors)")
     p.add_argument("out", help="output directory (must not exist or be empty unless --force)")
     p.add_argument("overrides", nargs="*", help="target overrides, e.g. target.path=Qwen/Qwen3-4B target.dtype=bfloat16")
@@ -35,10 +40,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    from ..config import ConfigError
-    from .api import export_draft
-    from .common import target_overrides
-    from .errors import ExportError, ExportUnsupported
     args = build_parser().parse_intermixed_args(list(sys.argv[1:] if argv is None else argv))
     try:
         res = export_draft(args.checkpoint, args.out, args.fmt, target_path=args.target_path,

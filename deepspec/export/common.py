@@ -1,18 +1,21 @@
-"""Shared helpers: reading a draft checkpoint, resolving the target, writing outputs atomically."""
+"""Shared helpers: reading a draft checkpoint, resolving the target, run metadata, the output directory."""
 from __future__ import annotations
 
 import dataclasses
 import json
 import logging
-import os
-import shutil
-import tempfile
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import yaml
+from omegaconf import OmegaConf
+
+from ..config import ConfigError, TargetConfig, load_config
+from ..drafts import available_drafters
+from ..targets import load_target
+from .errors import ExportError
+from .schemas import DEEPSPEC_CHECKPOINT, validate
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +53,6 @@ class Checkpoint:
 
 
 def read_checkpoint(path) -> Checkpoint:
-    from .errors import ExportError
-    from .schemas import validate, DEEPSPEC_CHECKPOINT
     p = Path(path)
     cfg = p / CONFIG_NAME
     if not cfg.is_file():
@@ -61,6 +62,8 @@ def read_checkpoint(path) -> Checkpoint:
     except json.JSONDecodeError as e:
         raise ExportError(f"{cfg}: not valid JSON ({e})") from e
     problems = validate(meta, DEEPSPEC_CHECKPOINT)
+    if not problems and meta["architecture"] not in available_drafters():
+        problems = [f"$.architecture: must be one of {available_drafters()!r}, got {meta['architecture']!r:.60}"]
     if problems:
         raise ExportError(f"{cfg} is not a deepspec draft config: " + "; ".join(problems))
     if not (p / WEIGHTS_NAME).is_file():
@@ -85,8 +88,6 @@ def resolve_target_config(ckpt: Optional[Checkpoint], target_path: Optional[str]
     ``target.key=value`` overrides (type-checked), then ``target_path``.  A group choice
     (``target=NAME``) or ``recipe=...`` composes from ``conf/`` instead of run.yaml.
     With ``default_layer_ids`` unset layer ids are filled from the checkpoint."""
-    from omegaconf import OmegaConf
-    from ..config import ConfigError, TargetConfig, load_config
     overrides = list(overrides)
     bad = [o for o in overrides if "=" not in o]
     if bad:
@@ -121,7 +122,6 @@ def resolve_target_config(ckpt: Optional[Checkpoint], target_path: Optional[str]
 
 def load_target_for(ckpt: Optional[Checkpoint], target_path: Optional[str] = None,
                     overrides: Sequence[str] = (), default_layer_ids: bool = True):
-    from ..targets import load_target
     cfg = resolve_target_config(ckpt, target_path, overrides, default_layer_ids=default_layer_ids)
     log.info("loading target %s (%s, %s)", cfg.path, cfg.dtype, cfg.device)
     return load_target(cfg), cfg
@@ -168,7 +168,6 @@ def find_results(ckpt_path: Path, explicit: Optional[str] = None) -> Optional[Pa
         p = Path(explicit)
         p = p / "results.json" if p.is_dir() else p
         if not p.is_file():
-            from .errors import ExportError
             raise ExportError(f"--results {explicit}: no results.json there")
         return p
     cands = [ckpt_path / "results.json", ckpt_path / "eval" / "results.json"]
@@ -199,23 +198,11 @@ def write_json(path: Path, obj: Any) -> None:
     path.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n")
 
 
-@contextmanager
-def atomic_dir(out, force: bool = False) -> Iterator[Path]:
-    """Yield a temporary directory next to ``out``; it replaces ``out`` only if the block succeeds."""
-    from .errors import ExportError
+def check_output_dir(out, force: bool = False) -> None:
+    """Refuse a non-empty ``out`` unless ``force`` (the export then replaces it)."""
     out = Path(out)
     if out.exists() and any(out.iterdir()) and not force:
         raise ExportError(f"{out} exists and is not empty (pass --force to replace it)")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        yield tmp
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 @dataclass

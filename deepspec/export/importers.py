@@ -1,63 +1,47 @@
 """Reading engine-format drafts (vLLM speculators, SGLang) back into deepspec drafters.
 
-`import_vllm` / `import_sglang` rebuild the drafter an export came from and refuse, with
-the reason, whatever has no exact deepspec equivalent; `deepspec.export.engines` writes
-these formats (and re-exports the readers).
+`import_vllm` / `import_sglang` read the directory (``config.json`` + safetensors weights,
+nothing unpickled) and hand it to the exporter that reads that config
+(`deepspec.export.registry.reader_of`), which rebuilds the drafter the export came from and
+refuses, with the reason, whatever has no exact deepspec equivalent.  `check_sizes` and
+`build_and_load` are the checks and the rebuild every exporter's reader shares.
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Tuple
 
 import torch
+from safetensors.torch import load_file
 
-from . import mapping, schemas
-from .common import CONFIG_NAME, PROVENANCE_NAME, WEIGHTS_NAME
+from ..drafts import build_drafter
+from ..drafts.layers import DraftDims
+from .common import CONFIG_NAME, WEIGHTS_NAME
+from .engine_formats import ENGINE_NAMES
 from .errors import ExportError, ImportUnsupported
+from .registry import reader_of
 
 
-# -- import ------------------------------------------------------------------------------------------------
 def detect_format(path) -> str:
+    """hf (a deepspec checkpoint), vllm (a speculators config) or sglang (an SGLang draft an exporter reads)."""
     p = Path(path)
     cfg = json.loads((p / CONFIG_NAME).read_text())
     if "speculators_model_type" in cfg:
         return "vllm"
-    if "dflash_config" in cfg or "eagle_config" in cfg or "LlamaForCausalLMEagle3" in (cfg.get("architectures") or []):
+    if reader_of("sglang", cfg) is not None:
         return "sglang"
     if "architecture" in cfg and "draft" in cfg:
         return "hf"
-    raise ImportUnsupported(f"{p}: unknown draft format (no speculators_model_type, dflash_config, eagle_config or "
-                            "deepspec architecture in config.json)")
+    raise ImportUnsupported(f"{p}: unknown draft format (config.json is neither a deepspec checkpoint, a "
+                            "speculators config nor an SGLang draft config that a deepspec exporter reads)")
 
 
-def _theta(layer: Dict[str, Any]) -> float:
+def rope_theta(layer: Dict[str, Any]) -> float:
     t = layer.get("rope_theta")
     if t is None:
         t = (layer.get("rope_parameters") or {}).get("rope_theta")
     return float(t if t is not None else 10000.0)
-
-
-def _build_from_engine(where: str, layer: Dict[str, Any], target, *, our_layer_ids, block_size: int, mask: int,
-                       markov_rank: int, head_type: str, conf: bool, conf_with_markov: bool, vocab: int,
-                       weights: Dict[str, torch.Tensor]):
-    from ..config.draft import DraftConfig
-    check_sizes(where, layer, target, our_layer_ids, vocab)
-    if markov_rank > 0 and head_type not in ("vanilla", "rnn"):
-        raise ImportUnsupported(f"{where}: markov_head_type={head_type!r} has no deepspec equivalent "
-                                "(deepspec has markov = 'vanilla' and rnn)")
-    if conf and not conf_with_markov:
-        raise ImportUnsupported(f"{where}: a confidence head on the hidden state alone has no deepspec equivalent "
-                                "(deepspec's confidence head always reads a token embedding)")
-    seq = "none" if markov_rank == 0 else {"vanilla": "markov", "rnn": "rnn"}[head_type]
-    algorithm = "dflash" if (seq == "none" and not conf) else "dspark"
-    cfg = DraftConfig(algorithm=algorithm, gamma=int(block_size), num_layers=int(layer["num_hidden_layers"]),
-                      hidden_size=None, intermediate_size=int(layer["intermediate_size"]),
-                      num_attention_heads=int(layer["num_attention_heads"]),
-                      num_key_value_heads=int(layer["num_key_value_heads"]), head_dim=int(layer["head_dim"]),
-                      sequential_head=seq, head_rank=int(markov_rank) if markov_rank else 256,
-                      confidence_head=bool(conf), mask_token_id=int(mask))
-    return build_and_load(where, layer, target, cfg, mapping.from_engine(weights))
 
 
 def check_sizes(where: str, layer: Dict[str, Any], target, our_layer_ids, vocab: int) -> None:
@@ -76,11 +60,10 @@ def check_sizes(where: str, layer: Dict[str, Any], target, our_layer_ids, vocab:
 
 def build_and_load(where: str, layer: Dict[str, Any], target, cfg, ours: Dict[str, torch.Tensor]):
     """A drafter of ``cfg`` for ``target`` holding ``ours``, after checking the layer's RoPE and epsilon."""
-    from ..drafts import build_drafter
-    from ..drafts.layers import DraftDims
     dims = DraftDims.from_target(target.config, cfg)
-    if abs(dims.rope_theta - _theta(layer)) > 1e-6 * max(1.0, dims.rope_theta):
-        raise ImportUnsupported(f"{where}: rope_theta {_theta(layer)} differs from the target's {dims.rope_theta}; "
+    theta = rope_theta(layer)
+    if abs(dims.rope_theta - theta) > 1e-6 * max(1.0, dims.rope_theta):
+        raise ImportUnsupported(f"{where}: rope_theta {theta} differs from the target's {dims.rope_theta}; "
                                 "deepspec draft layers always use the target's RoPE base")
     if abs(dims.rms_eps - float(layer["rms_norm_eps"])) > 1e-12:
         raise ImportUnsupported(f"{where}: rms_norm_eps {layer['rms_norm_eps']} differs from the target's "
@@ -96,8 +79,8 @@ def build_and_load(where: str, layer: Dict[str, Any], target, cfg, ours: Dict[st
     return drafter
 
 
-def _load(path) -> Tuple[Dict[str, Any], Dict[str, torch.Tensor]]:
-    from safetensors.torch import load_file
+def read_engine_dir(path) -> Tuple[Dict[str, Any], Dict[str, torch.Tensor]]:
+    """``config.json`` and the safetensors weights of an engine draft (anything else is refused)."""
     p = Path(path)
     if not (p / CONFIG_NAME).is_file() or not (p / WEIGHTS_NAME).is_file():
         raise ImportUnsupported(f"{p}: needs {CONFIG_NAME} and {WEIGHTS_NAME}")
@@ -114,58 +97,23 @@ def _load(path) -> Tuple[Dict[str, Any], Dict[str, torch.Tensor]]:
     return cfg, weights
 
 
+def import_engine(fmt: str, path, target):
+    """An engine draft in ``fmt`` (vllm | sglang) → the deepspec drafter it maps onto, for ``target``."""
+    cfg, weights = read_engine_dir(path)
+    exporter = reader_of(fmt, cfg)
+    if exporter is None:
+        kind = (f"speculators_model_type={cfg.get('speculators_model_type')!r}" if fmt == "vllm"
+                else f"architectures={cfg.get('architectures')!r}")
+        raise ImportUnsupported(f"{path}: {kind}: no deepspec drafter reads this {ENGINE_NAMES[fmt]} draft")
+    return exporter.import_draft(fmt, Path(path), cfg, weights, target)
+
+
 def import_vllm(path, target):
-    """A speculators-format (vLLM) DSpark/DFlash draft → our drafter, for ``target``."""
-    cfg, weights = _load(path)
-    kind = cfg.get("speculators_model_type")
-    if kind == "eagle3":
-        from .engines_eagle3 import import_eagle3
-        return import_eagle3("vllm", path, cfg, weights, target)
-    if kind not in ("dspark", "dflash"):
-        raise ImportUnsupported(f"{path}: speculators_model_type={kind!r}; only dspark, dflash and eagle3 map onto "
-                                "deepspec drafters")
-    if not cfg.get("sample_from_anchor", kind == "dspark"):
-        raise ImportUnsupported(f"{path}: sample_from_anchor is false (block slot k predicts anchor+k, slot 0 "
-                                "untrained); deepspec drafters predict anchor+k+1 from slot k")
-    if kind == "dspark":
-        schemas.check(cfg, "speculators_dspark")
-    layer = cfg["transformer_layer_config"]
-    aux = cfg.get("aux_hidden_state_layer_ids")
-    if not aux:
-        raise ImportUnsupported(f"{path}: no aux_hidden_state_layer_ids")
-    if cfg.get("mask_token_id") is None:
-        raise ImportUnsupported(f"{path}: no mask_token_id")
-    return _build_from_engine(str(path), layer, target, our_layer_ids=[int(i) - 1 for i in aux],
-                              block_size=cfg["block_size"], mask=cfg["mask_token_id"],
-                              markov_rank=int(cfg.get("markov_rank") or 0),
-                              head_type=str(cfg.get("markov_head_type") or "vanilla"),
-                              conf=bool(cfg.get("enable_confidence_head")),
-                              conf_with_markov=bool(cfg.get("confidence_head_with_markov")),
-                              vocab=int(cfg.get("draft_vocab_size") or layer["vocab_size"]), weights=weights)
+    """A speculators-format (vLLM) draft → our drafter, for ``target``."""
+    return import_engine("vllm", path, target)
 
 
 def import_sglang(path, target):
-    """An SGLang DSpark (``Qwen3DSparkModel``) or EAGLE-3 (``LlamaForCausalLMEagle3``) draft → our drafter."""
-    cfg, weights = _load(path)
-    if "dflash_config" not in cfg and ("eagle_config" in cfg or "LlamaForCausalLMEagle3" in
-                                       (cfg.get("architectures") or [])):
-        from .engines_eagle3 import import_eagle3
-        return import_eagle3("sglang", path, cfg, weights, target)
-    schemas.check(cfg, "sglang_dspark")
-    dc = cfg["dflash_config"]
-    return _build_from_engine(str(path), cfg, target, our_layer_ids=[int(i) for i in dc["target_layer_ids"]],
-                              block_size=dc["block_size"], mask=dc["mask_token_id"],
-                              markov_rank=int(cfg["markov_rank"]), head_type=str(cfg["markov_head_type"]),
-                              conf=bool(cfg.get("enable_confidence_head")),
-                              conf_with_markov=bool(cfg.get("confidence_head_with_markov")),
-                              vocab=int(cfg["vocab_size"]), weights=weights)
+    """An SGLang draft → our drafter, for ``target``."""
+    return import_engine("sglang", path, target)
 
-
-def read_provenance(path) -> Optional[Dict[str, Any]]:
-    p = Path(path) / PROVENANCE_NAME
-    if not p.is_file():
-        return None
-    try:
-        return json.loads(p.read_text())
-    except json.JSONDecodeError:
-        raise ExportError(f"{p}: not valid JSON")

@@ -1,6 +1,6 @@
 """Our parameter names → the engines' weight names, in one table.
 
-The parallel drafter (`deepspec.drafts.dflash.ParallelDrafter`, registered as "dspark"
+The parallel drafter (`deepspec.drafts.parallel.ParallelDrafter`, registered as "dspark"
 and "dflash") is the DFlash/DSpark architecture both engines implement:
 
 * speculators (vLLM): `DFlashDraftModel` / `DSparkDraftModel` module paths
@@ -22,9 +22,9 @@ the engines' EAGLE-3 layer is ``layers.0.*`` in speculators/vLLM
 accepts ``midlayer.``) and ``midlayer.*`` in SGLang (`models/llama_eagle3.py`
 ``self.midlayer``; other prefixes are skipped there).  Our ``emb_norm`` / ``feat_norm`` are
 that layer's ``input_layernorm`` / ``hidden_norm``.  ``lm_head.weight``, ``d2t`` and ``t2d``
-come from the target and are added by `deepspec.export.engines_eagle3`.
+come from the target and are added by `deepspec.export.eagle3`.
 
-Not representable (no engine counterpart; `analyze` refuses them with a reason):
+Not representable (no engine counterpart; the exporters' `analyze` refuses them with a reason):
 ``in_proj`` / ``out_proj`` (draft width ≠ target width: the engines feed the target's
 embedding straight into draft layers and the draft's hidden straight into the target's
 LM head) and ``conf_head.w1`` (a confidence head that owns its own token embedding

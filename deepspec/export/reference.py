@@ -18,24 +18,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file
 
-
-def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    # Qwen3RMSNorm: fp32 variance, normalise, then scale by the weight
-    x32 = x.float()
-    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return w.float() * x32
-
-
-def _rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
-    """x [heads, n, d] rotated (neox / rotate-half style) at integer positions pos [n]."""
-    d = x.shape[-1]
-    inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
-    ang = pos.double().unsqueeze(-1) * inv                       # [n, d/2]
-    emb = torch.cat([ang, ang], -1).float()
-    cos, sin = emb.cos(), emb.sin()
-    x1, x2 = x[..., : d // 2], x[..., d // 2:]
-    return x * cos + torch.cat([-x2, x1], -1) * sin
+from .reference_math import rms_norm, rope
 
 
 class EngineDraft:
@@ -59,7 +44,6 @@ class EngineDraft:
 
     @classmethod
     def from_dir(cls, path) -> "EngineDraft":
-        from safetensors.torch import load_file
         p = Path(path)
         cfg = json.loads((p / "config.json").read_text())
         weights = load_file(str(p / "model.safetensors"))
@@ -82,10 +66,10 @@ class EngineDraft:
         kv_in = torch.cat([ctx, h], 0)
         k = (kv_in @ w[pre + "k_proj.weight"].t()).view(-1, nkv, hd)
         v = (kv_in @ w[pre + "v_proj.weight"].t()).view(-1, nkv, hd)
-        q = _rms(q, w[pre + "q_norm.weight"], self.eps).transpose(0, 1)          # [nh, n, hd]
-        k = _rms(k, w[pre + "k_norm.weight"], self.eps).transpose(0, 1)
+        q = rms_norm(q, w[pre + "q_norm.weight"], self.eps).transpose(0, 1)          # [nh, n, hd]
+        k = rms_norm(k, w[pre + "k_norm.weight"], self.eps).transpose(0, 1)
         v = v.transpose(0, 1)
-        q, k = _rope(q, pos_q, self.theta), _rope(k, pos_kv, self.theta)
+        q, k = rope(q, pos_q, self.theta), rope(k, pos_kv, self.theta)
         rep = nh // nkv
         k, v = k.repeat_interleave(rep, 0), v.repeat_interleave(rep, 0)
         att = torch.softmax((q @ k.transpose(-1, -2)) * hd ** -0.5, -1)          # no mask: context < p + whole block
@@ -95,7 +79,7 @@ class EngineDraft:
     def hidden(self, features: torch.Tensor, anchor_token: int, anchor_pos: int, embed) -> torch.Tensor:
         """Normed draft hidden [γ, H] of the block anchored at ``anchor_pos`` (context = features[:anchor_pos])."""
         w, c, g = self.w, self.c, self.block_size
-        ctx = _rms(features[:anchor_pos].float() @ w["fc.weight"].t(), w["hidden_norm.weight"], self.eps)
+        ctx = rms_norm(features[:anchor_pos].float() @ w["fc.weight"].t(), w["hidden_norm.weight"], self.eps)
         ids = torch.full((g,), self.mask_token_id, dtype=torch.long)
         ids[0] = int(anchor_token)
         x = embed(ids).float()
@@ -103,11 +87,11 @@ class EngineDraft:
         pos_kv = torch.cat([torch.arange(anchor_pos), pos_q])
         for i in range(int(c["num_hidden_layers"])):
             pre = f"layers.{i}."
-            x = x + self._attn(i, _rms(x, w[pre + "input_layernorm.weight"], self.eps), ctx, pos_q, pos_kv)
-            hmlp = _rms(x, w[pre + "post_attention_layernorm.weight"], self.eps)
+            x = x + self._attn(i, rms_norm(x, w[pre + "input_layernorm.weight"], self.eps), ctx, pos_q, pos_kv)
+            hmlp = rms_norm(x, w[pre + "post_attention_layernorm.weight"], self.eps)
             m = F.silu(hmlp @ w[pre + "mlp.gate_proj.weight"].t()) * (hmlp @ w[pre + "mlp.up_proj.weight"].t())
             x = x + m @ w[pre + "mlp.down_proj.weight"].t()
-        return _rms(x, w["norm.weight"], self.eps)
+        return rms_norm(x, w["norm.weight"], self.eps)
 
     def heads(self, hn: torch.Tensor, prev: torch.Tensor) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
         """Markov bias [γ, V] and confidence logits [γ] for teacher tokens ``prev`` [γ] (x_{anchor+k})."""

@@ -21,8 +21,9 @@ from typing import Callable, Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file
 
-from .reference import _rms, _rope
+from .reference_math import rms_norm, rope
 
 
 class EngineEagle3:
@@ -38,7 +39,6 @@ class EngineEagle3:
 
     @classmethod
     def from_dir(cls, path) -> "EngineEagle3":
-        from safetensors.torch import load_file
         p = Path(path)
         cfg = json.loads((p / "config.json").read_text())
         weights = load_file(str(p / "model.safetensors"))
@@ -47,7 +47,7 @@ class EngineEagle3:
         return cls(cfg, weights, "midlayer.")        # SGLang: flat config, midlayer.*
 
     def _norm(self, x: torch.Tensor, name: str) -> torch.Tensor:
-        return _rms(x, self.w[name], self.eps)
+        return rms_norm(x, self.w[name], self.eps)
 
     def layer(self, emb: torch.Tensor, hidden: torch.Tensor, pos: torch.Tensor,
               cache: Optional[Tuple[torch.Tensor, torch.Tensor]] = None):
@@ -59,7 +59,7 @@ class EngineEagle3:
         q = (x @ w[m + "self_attn.q_proj.weight"].t()).view(n, nh, hd).transpose(0, 1)
         k = (x @ w[m + "self_attn.k_proj.weight"].t()).view(n, nkv, hd).transpose(0, 1)
         v = (x @ w[m + "self_attn.v_proj.weight"].t()).view(n, nkv, hd).transpose(0, 1)
-        q, k = _rope(q, pos, self.theta), _rope(k, pos, self.theta)
+        q, k = rope(q, pos, self.theta), rope(k, pos, self.theta)
         if cache is not None:
             k, v = torch.cat([cache[0], k], 1), torch.cat([cache[1], v], 1)
         past = k.shape[1] - n

@@ -20,9 +20,10 @@ from typing import Dict, Optional
 
 import numpy as np
 
+from ..config import save_config
 from .calibration import calibration_metrics, fit_sts_from_config, threshold_sweep
 from .report import markdown_report, plot_reliability, plot_threshold_sweep
-from .rollouts import default_rollouts_path, is_synthetic, read_rollouts, to_arrays
+from .rollouts import RolloutArrays, default_rollouts_path, is_synthetic, read_rollouts, to_arrays
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,6 @@ def output_dir(cfg, rollouts_path: Path) -> Path:
 
 
 def _subset(arr, idx):
-    from .rollouts import RolloutArrays
     return RolloutArrays(arr.confidence[idx], arr.accepted[idx], arr.verified[idx],
                          [arr.request_ids[i] for i in idx], None if arr.rounds is None else arr.rounds[idx])
 
@@ -76,7 +76,6 @@ def run(cfg, out_dir: Optional[str] = None) -> Dict[str, str]:
     out.mkdir(parents=True, exist_ok=True)
     paths = {"calibration": str(cal.save(out / "calibration.json"))}
     try:
-        from ..config import save_config
         paths["config"] = str(save_config(cfg, out))
     except Exception as e:  # a plain dataclass tree that OmegaConf cannot take should not stop calibration
         log.warning("could not write resolved_config.yaml: %s", e)

@@ -25,6 +25,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 
 from ..utils.fs import atomic_write
+from .rollouts import observed_mask, prefix_survival
 
 CALIBRATION_FILENAME = "calibration.json"
 _EPS = 1e-6
@@ -241,7 +242,6 @@ def fit_sts(confidence, accepted, *, verified=None, grid: Optional[np.ndarray] =
     ``verified[N]`` (default γ) marks censored positions (see `rollouts.observed_mask`).
     Ties in ECE are broken towards T = 1 (smallest |log T|).
     """
-    from .rollouts import observed_mask, prefix_survival
     conf = np.asarray(confidence, dtype=np.float64)
     if conf.ndim != 2:
         raise ValueError(f"confidence must be [N, γ], got shape {conf.shape}")
@@ -296,7 +296,6 @@ def calibration_metrics(confidence, accepted, calibration: Calibration, *, verif
     Π_{i≤k} c̃_i (calibrated), and the AUROC of the per-position c_k on rounds where
     1..k−1 survived (the head's own conditional ranking quality).
     """
-    from .rollouts import observed_mask, prefix_survival
     conf = np.asarray(confidence, dtype=np.float64)
     N, gamma = conf.shape
     n_bins = n_bins or calibration.ece_bins

@@ -30,11 +30,12 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Protocol, Sequence, Union, runtime_checkable
+from typing import Callable, List, Optional, Protocol, Union, runtime_checkable
 
 import numpy as np
 
-from .calibration import Calibration, cumulative, threshold_lengths
+from .calibration import Calibration, cumulative, find_calibration, threshold_lengths
+from .cost_model import load_sps_table
 from .profile import SPSTable
 from .sps_grid import SPSGrid, cost_at
 
@@ -267,8 +268,6 @@ def policy_from_config(cfg, target=None, calibration: Optional[Calibration] = No
     the given one, else ``schedule.calibration`` (a JSON path), else
     ``{eval.checkpoint}/calibration.json`` if present, else none (raw confidences).
     """
-    from .calibration import find_calibration
-    from .profile import load_sps_table
     sc = cfg.schedule
     kind = sc.policy
     thr = sc.threshold if sc.threshold is not None else cfg.eval.confidence_threshold

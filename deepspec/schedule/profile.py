@@ -266,25 +266,3 @@ def profile_sps(target, batch_sizes: Sequence[int], context_len: int = 256, repe
                           "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                           "times_s": times_all})
 
-
-def profile_from_config(cfg, target, on_size: Optional[Callable[[int], None]] = None):
-    """Profile ``target`` as configured: an SPS(R, B) grid over ``schedule.profile_requests`` if
-    set (B = R·1 … R·(γ+1)), else one SPS(B) table over ``schedule.profile_batch_sizes``."""
-    from .sps_grid import profile_sps_grid
-    sc = cfg.schedule
-    if sc.profile_requests:
-        return profile_sps_grid(target, sc.profile_requests, tokens_per_request=int(cfg.draft.gamma) + 1,
-                                context_len=sc.profile_context_len, repeats=sc.profile_repeats, on_size=on_size)
-    return profile_sps(target, sc.profile_batch_sizes, context_len=sc.profile_context_len,
-                       repeats=sc.profile_repeats, mode=sc.profile_mode, on_size=on_size)
-
-
-def load_sps_table(cfg, target=None):
-    """The scheduler's cost model: ``cfg.schedule.sps_table`` (an SPS(B) table or an SPS(R, B)
-    grid) if set, else `profile_from_config` of ``target``."""
-    from .sps_grid import load_cost_model
-    if cfg.schedule.sps_table:
-        return load_cost_model(cfg.schedule.sps_table)
-    if target is None:
-        raise ValueError("schedule.sps_table is not set and no target was given to profile")
-    return profile_from_config(cfg, target)

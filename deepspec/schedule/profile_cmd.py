@@ -14,8 +14,10 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from ..config import save_config
 from ..paths import run_dir
-from .profile import profile_from_config
+from ..targets import load_target
+from .cost_model import profile_from_config
 from .sps_grid import SPSGrid
 
 log = logging.getLogger(__name__)
@@ -32,8 +34,6 @@ def summary_lines(cost) -> list:
 
 
 def run(cfg) -> Path:
-    from ..config import save_config
-    from ..targets import load_target
     sc = cfg.schedule
     gamma = int(cfg.draft.gamma)
     out_dir = run_dir(cfg) / "sps"

@@ -8,6 +8,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from .calibration import Calibration, cumulative, reliability_bins
+from .rollouts import prefix_survival
 
 
 def _plt():
@@ -20,7 +21,6 @@ def _plt():
 def plot_reliability(confidence, accepted, calibration: Calibration, path, *, observed=None,
                      n_bins: Optional[int] = None, title: str = "") -> Path:
     """Per-position reliability diagrams of cumulative survival, raw vs calibrated."""
-    from .rollouts import prefix_survival
     plt = _plt()
     conf = np.asarray(confidence, dtype=np.float64)
     N, g = conf.shape

@@ -32,6 +32,8 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tupl
 
 import numpy as np
 
+from ..paths import eval_dir
+
 ROLLOUTS_FILENAME = "rollouts.jsonl"
 
 
@@ -171,7 +173,6 @@ def default_rollouts_path(cfg) -> Path:
     """``cfg.schedule.rollouts`` or ``{eval_dir}/rollouts.jsonl`` (where eval should log)."""
     if cfg.schedule.rollouts:
         return Path(cfg.schedule.rollouts)
-    from ..paths import eval_dir
     return eval_dir(cfg) / ROLLOUTS_FILENAME
 
 

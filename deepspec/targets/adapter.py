@@ -16,6 +16,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 from torch import nn
+from transformers import DynamicCache
 
 from .chat import ChatEncoding, encode_chat
 
@@ -67,15 +68,6 @@ class _LayerRecorder:
         return torch.cat([self.outputs[i] for i in self.layer_ids], dim=-1)
 
 
-def _find_final_norm(model: nn.Module) -> nn.Module:
-    base = model.get_decoder()
-    for name in ("norm", "final_layernorm", "ln_f"):
-        mod = getattr(base, name, None)
-        if isinstance(mod, nn.Module):
-            return mod
-    raise TypeError(f"cannot find the final norm of {type(model).__name__}")
-
-
 def _text_config(config):
     return config.get_text_config() if hasattr(config, "get_text_config") else config
 
@@ -112,10 +104,6 @@ class TargetAdapter:
     @property
     def lm_head(self) -> nn.Linear:
         return self.model.get_output_embeddings()
-
-    @property
-    def final_norm(self) -> nn.Module:
-        return _find_final_norm(self.model)
 
     @property
     def device(self) -> torch.device:
@@ -212,7 +200,6 @@ class TargetAdapter:
     @staticmethod
     def new_cache():
         """A KV cache that keeps every position (sliding-window layers included), so it can roll back."""
-        from transformers import DynamicCache
         return DynamicCache()
 
     @staticmethod

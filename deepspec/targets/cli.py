@@ -5,6 +5,8 @@ import argparse
 import json
 from typing import List, Optional
 
+from ..config import load_config
+from .loader import load_target
 from .reference import REFERENCES, fetch_reference, reference_dir
 
 
@@ -21,8 +23,6 @@ def main(argv: Optional[List[str]] = None) -> int:
         out = fetch_reference(args.name, force=args.force)
         print(out)
         return 0
-    from ..config import load_config
-    from .loader import load_target
     cfg = load_config(args.overrides)
     print(json.dumps(load_target(cfg.target).describe(), indent=2))
     return 0

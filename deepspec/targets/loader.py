@@ -5,6 +5,7 @@ import logging
 from pathlib import Path
 
 import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ..config import TargetConfig
 from .adapter import TargetAdapter
@@ -39,7 +40,6 @@ def _template_kwargs(cfg: TargetConfig) -> dict:
 
 
 def load_target(cfg: TargetConfig, device: str | None = None) -> TargetAdapter:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
     dev = resolve_device(device or cfg.device)
     dtype = resolve_dtype(cfg.dtype, dev)
     if cfg.trust_remote_code:

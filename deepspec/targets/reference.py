@@ -10,9 +10,12 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
-import shutil
-import tempfile
 from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+from ..utils.fs import atomic_dir
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +53,6 @@ def fetch_reference(name: str = "smollm2-135m", force: bool = False) -> Path:
     out = reference_dir(name)
     if (out / "config.json").is_file() and (out / "model.safetensors").is_file() and not force:
         return out
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     gguf = locate_gguf(name)
     log.info("converting %s (GGUF, slow once) → %s", gguf, out)
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
@@ -69,15 +70,7 @@ def fetch_reference(name: str = "smollm2-135m", force: bool = False) -> Path:
         clean.tie_weights()
     clean = clean.to(torch.bfloat16)
     clean.generation_config = qmodel.generation_config
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=out.parent))
-    try:
+    with atomic_dir(out, prefix=f".{name}-") as tmp:
         clean.save_pretrained(tmp)
         tok.save_pretrained(tmp)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return out

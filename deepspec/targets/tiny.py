@@ -12,6 +12,9 @@ from pathlib import Path
 from typing import Optional
 
 import torch
+import transformers as tf
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
 FAMILIES = ("llama", "qwen3", "gemma3", "qwen2", "mistral")
 
@@ -70,7 +73,6 @@ _PAD = {"llama": "<pad>", "qwen3": "<|endoftext|>", "gemma3": "<pad>", "qwen2": 
 
 @lru_cache(maxsize=None)
 def _tokenizer_json(family: str, vocab_size: int) -> str:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -81,8 +83,6 @@ def _tokenizer_json(family: str, vocab_size: int) -> str:
 
 
 def tiny_tokenizer(family: str, vocab_size: int = 512):
-    from tokenizers import Tokenizer
-    from transformers import PreTrainedTokenizerFast
     if family not in FAMILIES:
         raise ValueError(f"unknown tiny family {family!r}; choose from {FAMILIES}")
     tk = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(_tokenizer_json(family, vocab_size)),
@@ -92,7 +92,6 @@ def tiny_tokenizer(family: str, vocab_size: int = 512):
 
 
 def tiny_config(family: str, vocab_size: int, num_layers: int = 4, hidden_size: int = 64):
-    import transformers as tf
     common = dict(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
                   num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
                   max_position_embeddings=1024, tie_word_embeddings=False)
@@ -111,7 +110,6 @@ def tiny_config(family: str, vocab_size: int, num_layers: int = 4, hidden_size: 
 
 
 def tiny_model(family: str, vocab_size: int, num_layers: int = 4, hidden_size: int = 64, seed: int = 0):
-    from transformers import AutoModelForCausalLM
     cfg = tiny_config(family, vocab_size, num_layers, hidden_size)
     g = torch.random.get_rng_state()
     torch.manual_seed(seed)

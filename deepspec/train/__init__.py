@@ -10,11 +10,6 @@ world-size independent batch plan, collate), `optim` (AdamW, warmup + cosine), `
 `accumulate` (per-step statistics reduced across ranks), `stopping` (SIGTERM / Ctrl-C,
 non-finite loss), `loop` (the loop itself).
 """
-
-
-def run(cfg):
-    from .loop import run as _run
-    return _run(cfg)
-
+from .loop import run
 
 __all__ = ["run"]

@@ -1,6 +1,6 @@
 """Per-step statistics: sums over a rank's micro-batches, then means over every rank.
 
-`_Accumulator` collects loss, tokens and each metric the drafter returns (NaN-aware: a
+`Accumulator` collects loss, tokens and each metric the drafter returns (NaN-aware: a
 non-finite metric is counted as bad, not summed); `metric_keys` agrees on one key order
 across ranks and `reduce_stats` averages everything with a single all-reduce.
 """
@@ -14,7 +14,7 @@ import torch
 from .distributed import DistEnv, all_gather_object, all_reduce_
 
 
-class _Accumulator:
+class Accumulator:
     """Per-rank sums over micro-batches: loss, tokens, and each metric (NaN-aware)."""
 
     def __init__(self):
@@ -45,7 +45,7 @@ class _Accumulator:
         return float(torch.stack([t.cpu() for t in self._tokens]).sum()) if self._tokens else 0.0
 
 
-def metric_keys(acc: _Accumulator, env: DistEnv) -> List[str]:
+def metric_keys(acc: Accumulator, env: DistEnv) -> List[str]:
     """The union of every rank's metric names, in the same (sorted) order on every rank."""
     keys = set()
     for ks in all_gather_object(sorted(acc.metrics), env):
@@ -53,7 +53,7 @@ def metric_keys(acc: _Accumulator, env: DistEnv) -> List[str]:
     return sorted(keys)
 
 
-def reduce_stats(acc: _Accumulator, keys: List[str], env: DistEnv, stop: Optional[int]) -> Dict:
+def reduce_stats(acc: Accumulator, keys: List[str], env: DistEnv, stop: Optional[int]) -> Dict:
     """Means over every micro-batch of every rank (one all-reduce)."""
     vec = torch.zeros(4 + 2 * len(keys), dtype=torch.float64)
     vec[0], vec[1], vec[2], vec[3] = acc.loss_sum(), acc.n, acc.token_sum(), float(bool(stop))

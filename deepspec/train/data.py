@@ -22,6 +22,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from deepspec.targets.chat import ChatTemplateError
+
 from .anchors import anchor_seed, sample_anchors
 
 log = logging.getLogger(__name__)
@@ -90,7 +92,6 @@ class OnlineSequences:
         """Encode every conversation; like the cache builder, keep ``max_length`` (data.max_length)
         tokens and skip conversations without assistant tokens there; then cut to ``crop``
         (train.max_length), as `CachedSequences` does with cached samples."""
-        from deepspec.targets.chat import ChatTemplateError
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"online training needs the regenerated conversations at {path} "

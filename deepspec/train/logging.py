@@ -19,6 +19,9 @@ import uuid
 from pathlib import Path
 from typing import Any, Dict, Optional
 
+from tqdm.auto import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
+
 log = logging.getLogger("deepspec.train")
 
 
@@ -58,10 +61,8 @@ class MetricsLogger:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._attach_file_log()
         self._truncate_jsonl(start_step)
-        from tqdm.auto import tqdm
         self.bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step",
                         dynamic_ncols=True, disable=os.environ.get("DEEPSPEC_NO_PROGRESS") == "1")
-        from tqdm.contrib.logging import logging_redirect_tqdm
         self._redirect = logging_redirect_tqdm()   # console log lines print above the bar
         self._redirect.__enter__()
         if cfg.tensorboard:

@@ -14,7 +14,7 @@ The trainer never looks at the algorithm: it calls `build_drafter`, `drafter(bat
 `save_pretrained`, and logs whatever metrics the drafter returns.
 
 Around the loop: `stopping` (signals, non-finite loss), `accumulate` (per-step statistics
-reduced across ranks), `logging` (where the metrics go); their names stay importable from here.
+reduced across ranks), `logging` (where the metrics go).
 """
 from __future__ import annotations
 
@@ -29,24 +29,26 @@ from typing import Dict, List, Optional
 import torch
 
 from deepspec import paths
+from deepspec.cache import CacheReader
 from deepspec.config import to_object, to_yaml
 from deepspec.config.schema import DeepSpecConfig
+from deepspec.drafts import build_drafter
+from deepspec.targets import load_target
 
 from . import checkpoint as ckpt
-from .accumulate import _Accumulator, metric_keys, reduce_stats
+from .accumulate import Accumulator, metric_keys, reduce_stats
 from .data import (CachedSequences, GlobalBatchPlan, MicroBatches, OnlineFeatures, OnlineSequences,
                    build_micro_batch, check_batch_sizes, heldout_micro_batches, split_heldout)
 from .logging import MetricsLogger, config_as_dict, progress_postfix
 from .optim import lr_at
 from .precision import use_bf16
-from .stopping import (NonFiniteLossError, SignalGuard, TrainingInterrupted, _ignore_sigint,
+from .stopping import (NonFiniteLossError, SignalGuard, TrainingInterrupted, ignore_sigint,
                        nonfinite_loss_message)
 from .distributed import (DistEnv, all_gather_object, all_reduce_, barrier, broadcast_object, init_distributed,
                           shutdown)
 from .strategies import FSDPStrategy, build_strategy
 
 log = logging.getLogger("deepspec.train")
-_as_dict = config_as_dict   # its old name here
 
 
 def run(cfg: DeepSpecConfig) -> Path:
@@ -66,8 +68,6 @@ def run(cfg: DeepSpecConfig) -> Path:
 # ---------------------------------------------------------------------------------------------
 class Trainer:
     def __init__(self, cfg: DeepSpecConfig, env: DistEnv):
-        from deepspec.drafts import build_drafter
-        from deepspec.targets import load_target
         self.cfg, self.env, tc = cfg, env, cfg.train
         self.run_dir, self.ckpt_root = paths.run_dir(cfg), paths.checkpoints_dir(cfg)
         self.signals = SignalGuard()
@@ -134,7 +134,6 @@ class Trainer:
                 raise ValueError(f"train.online_feature_dtype={cfg.train.online_feature_dtype!r}: "
                                  "use bfloat16 | float32 | native")
             return source, OnlineFeatures(self.target, dtype)
-        from deepspec.cache import CacheReader
         cache_dir = paths.cache_dir(cfg)
         if not Path(cache_dir).is_dir():
             raise FileNotFoundError(f"no hidden-state cache at {cache_dir}: run `deepspec prepare` first, "
@@ -207,7 +206,7 @@ class Trainer:
                           tc.pad_to_multiple_of)
         return torch.utils.data.DataLoader(ds, batch_size=None, shuffle=False, num_workers=tc.num_workers,
                                            pin_memory=self.env.device.type == "cuda",
-                                           worker_init_fn=_ignore_sigint if tc.num_workers else None)
+                                           worker_init_fn=ignore_sigint if tc.num_workers else None)
 
     def _to_device(self, batch: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
         batch = {k: v.to(self.env.device, non_blocking=True) for k, v in batch.items()}
@@ -230,7 +229,7 @@ class Trainer:
         while self.step < self.total_steps:
             t0 = time.perf_counter()
             lr = lr_at(self.step, self.total_steps, tc.lr, tc.warmup_ratio, tc.min_lr_ratio)
-            acc = _Accumulator()
+            acc = Accumulator()
             for a in range(self.accum):
                 batch = self._to_device(next(batches))
                 last = a == self.accum - 1
@@ -271,7 +270,7 @@ class Trainer:
         self.logger.write(f"done: {self.step} steps; final checkpoint {last_saved}")
         return last_saved
 
-    def _reduce(self, acc: _Accumulator, stop: Optional[int]) -> Dict:
+    def _reduce(self, acc: Accumulator, stop: Optional[int]) -> Dict:
         """Means over every micro-batch of every rank (one all-reduce)."""
         if self._metric_keys is None:   # the same key order on every rank
             self._metric_keys = metric_keys(acc, self.env)
@@ -300,7 +299,7 @@ class Trainer:
         chunks = heldout_micro_batches(self.heldout_idx, tc.micro_batch_sequences, env.rank, env.world_size,
                                        tc.eval_max_sequences)
         self.strategy.train(False)
-        acc = _Accumulator()
+        acc = Accumulator()
         try:
             for items, weight in chunks:
                 batch = build_micro_batch(self.source, items, tc.anchors_per_sequence, self.cfg.seed,
@@ -347,7 +346,6 @@ class Trainer:
 
         def save(out: Path) -> None:   # sharded parameters: save through a full copy on rank 0
             if self._shadow is None:
-                from deepspec.drafts import build_drafter
                 with torch.random.fork_rng(devices=[self.env.device] if self.env.device.type == "cuda" else []):
                     self._shadow = build_drafter(self.target, self.cfg.draft)
             with torch.no_grad():

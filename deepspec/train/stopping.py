@@ -52,7 +52,7 @@ def nonfinite_loss_message(step: int, stats: Dict, last_saved: Optional[Path]) -
             "Try a lower train.lr, train.grad_clip, or train.bf16=false.")
 
 
-def _ignore_sigint(_worker_id: int) -> None:
+def ignore_sigint(_worker_id: int) -> None:
     """Data workers leave Ctrl-C to the main process, which stops cleanly after the step."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 

@@ -12,8 +12,9 @@ Every strategy exposes the same small surface used by `loop.py`:
     strategy.load_optimizer_state(state)    the same format, any world size / strategy
 
 Weights are loaded into the plain drafter before `setup`, so every strategy starts from them.
-The process group itself (`DistEnv`, `init_distributed`, the collectives) is `distributed`;
-its names stay importable from here.
+The process group itself (`DistEnv`, `init_distributed`, the collectives) is `distributed`.
+FSDP2's modules (``torch.distributed.checkpoint`` takes about a second to import) and DeepSpeed
+are imported only by the strategy that uses them.
 """
 from __future__ import annotations
 
@@ -25,9 +26,11 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
 
-from .distributed import (STRATEGIES, DistEnv, all_gather_object, all_reduce_, barrier,  # noqa: F401
-                          broadcast_object, init_distributed, shutdown)
+from deepspec.config.loader import project_root
+
+from .distributed import DistEnv
 from .optim import build_adamw, param_groups, trainable_named_parameters
 from .precision import use_bf16
 
@@ -123,7 +126,6 @@ class DDPStrategy(SingleStrategy):
     def _wrap(self, drafter: nn.Module) -> nn.Module:
         if not self.env.distributed or self.env.world_size == 1:
             return drafter
-        from torch.nn.parallel import DistributedDataParallel as DDP
         ids = [self.env.device.index] if self.env.device.type == "cuda" else None
         return DDP(drafter, device_ids=ids, broadcast_buffers=False,
                    find_unused_parameters=self.cfg.ddp_find_unused_parameters)
@@ -285,7 +287,6 @@ def _import_deepspeed(env: DistEnv):
     """Import DeepSpeed so that nothing gets JIT-compiled: on CPU its shared-memory collective
     op (a C++ extension) is marked unavailable and gloo does the communication."""
     if "TORCH_EXTENSIONS_DIR" not in os.environ:
-        from deepspec.config.loader import project_root
         root = project_root() / ".torch_extensions"
         try:
             root.mkdir(parents=True, exist_ok=True)

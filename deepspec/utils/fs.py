@@ -1,11 +1,14 @@
 """File-system helpers: errors that name the file (disk full, permission denied), directory fsync,
-atomic file replacement."""
+atomic file and directory replacement."""
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Optional, Union
+from typing import Iterator, Optional, Union
 
 
 def with_path(e: OSError, path: Union[str, os.PathLike], doing: str) -> OSError:
@@ -59,6 +62,23 @@ def atomic_write(path: Union[str, os.PathLike], data: Union[bytes, str], *,
         raise
     if sync_dir:
         fsync_dir(path.parent)
+
+
+@contextmanager
+def atomic_dir(out: Union[str, os.PathLike], prefix: Optional[str] = None) -> Iterator[Path]:
+    """Yield a new temporary directory beside ``out`` (named ``prefix``…, default ``.{name}.``…); when
+    the block succeeds it replaces ``out`` (an existing ``out`` is removed first), otherwise it is removed."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=prefix or f".{out.name}.", dir=out.parent))
+    try:
+        yield tmp
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 # Characters str.splitlines() breaks on that json.dumps(ensure_ascii=False) leaves raw.

@@ -19,7 +19,8 @@ from safetensors.torch import load_file
 
 from deepspec.config import load_config
 from deepspec.train import checkpoint as ckpt
-from deepspec.train.loop import NonFiniteLossError, run
+from deepspec.train.loop import run
+from deepspec.train.stopping import NonFiniteLossError
 
 from test_train_distributed import common, write_regen  # noqa: E402  (same directory, pytest rootdir import)
 

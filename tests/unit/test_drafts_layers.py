@@ -12,12 +12,7 @@ from deepspec.drafts.losses import (metrics_from_stats, position_weights, stat_s
                                     step_weights, token_terms)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_rope_theta_from_configs(tiny_target):

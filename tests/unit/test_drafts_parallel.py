@@ -15,13 +15,7 @@ ALGOS = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny tensors: extra intra-op threads only spin on a shared 2-core machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def make_drafter(target, name, seed=0, randomize_heads=True, **kw):

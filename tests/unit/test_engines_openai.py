@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from deepspec.engines.base import EngineError, GenerationError, SamplingParams
+from deepspec.engines.handler import Faults
 from deepspec.engines.hf import HFEngine
 from deepspec.engines.openai_client import OpenAIEngine, normalise_url, read_api_key
-from deepspec.engines.handler import Faults
 from deepspec.engines.server import serve_in_thread
 
 torch.set_num_threads(1)

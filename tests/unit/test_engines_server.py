@@ -8,8 +8,8 @@ import requests
 import torch
 
 from deepspec.engines.base import SamplingParams, sample_seed
-from deepspec.engines.hf import HFEngine
 from deepspec.engines.chat_request import parse_request
+from deepspec.engines.hf import HFEngine
 from deepspec.engines.server import is_loopback, main, serve_in_thread
 
 torch.set_num_threads(1)

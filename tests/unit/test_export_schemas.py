@@ -6,7 +6,8 @@ import torch
 
 from deepspec.export import mapping
 from deepspec.export.errors import SchemaError
-from deepspec.export.schemas import SGLANG_DSPARK, SPECULATORS_DSPARK, check, validate
+from deepspec.export.parallel import SGLANG_DSPARK, SPECULATORS_DSPARK
+from deepspec.export.schemas import check, validate
 
 
 def _layer(n=1):

@@ -103,7 +103,7 @@ def test_training_state_never_unpickles(tiny_llama, tmp_path):
 
 
 def test_engine_format_import_never_unpickles(tmp_path):
-    from deepspec.export.engines import import_sglang, import_vllm
+    from deepspec.export.importers import import_sglang, import_vllm
     from deepspec.export.errors import ExportError
     marker = tmp_path / "PWNED"
     d = tmp_path / "engine_draft"

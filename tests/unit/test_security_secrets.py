@@ -78,9 +78,9 @@ def test_api_key_never_written_or_logged(tmp_path, monkeypatch, caplog, capsys):
     assert "API key rejected" in caplog.text           # the rejection itself is logged, without the key
     # the config carries the variable's name / the file's path, never the key; so does what
     # training hands to wandb (the config as a dict)
-    from deepspec.train.loop import _as_dict
+    from deepspec.train.logging import config_as_dict
     for c in (cfg, cfg_env):
         y = to_yaml(c)
         assert KEY not in y and "DEEPSPEC_TEST_UNSET_KEY_VAR" in y
-        assert KEY not in json.dumps(_as_dict(c), default=str)
+        assert KEY not in json.dumps(config_as_dict(c), default=str)
     assert str(key_file) in to_yaml(cfg)

@@ -9,7 +9,8 @@ import torch
 from deepspec.config import DraftConfig, TrainConfig
 from deepspec.drafts import build_drafter, load_drafter
 from deepspec.train import checkpoint as ckpt
-from deepspec.train.strategies import DistEnv, SingleStrategy
+from deepspec.train.distributed import DistEnv
+from deepspec.train.strategies import SingleStrategy
 
 
 def _batch(target, B=2, T=24, seed=0):

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from deepspec.train.loop import SignalGuard
+from deepspec.train.stopping import SignalGuard
 
 
 def _deliver(sig):

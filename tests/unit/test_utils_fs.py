@@ -1,4 +1,5 @@
-"""deepspec.utils.fs.atomic_write: the one temp-file + os.replace writer the stages share."""
+"""deepspec.utils.fs.atomic_write / atomic_dir: the one temp-file (temp-directory) + os.replace writers the
+stages share."""
 from __future__ import annotations
 
 import errno
@@ -31,6 +32,23 @@ def test_atomic_write_failure_keeps_old_file_and_names_it(tmp_path, monkeypatch,
         fs.atomic_write(p, "new", fsync=fsync)
     assert ei.value.errno == errno.ENOSPC and str(p) in str(ei.value)
     assert p.read_text() == "old" and sorted(os.listdir(tmp_path)) == ["b.json"]
+
+
+def test_atomic_dir_replaces_on_success_only(tmp_path):
+    out = tmp_path / "sub" / "out"
+    with fs.atomic_dir(out) as tmp:
+        assert tmp.parent == out.parent and tmp.name.startswith(".out.")
+        (tmp / "a").write_text("1")
+    assert [p.name for p in out.iterdir()] == ["a"]
+    with pytest.raises(RuntimeError):
+        with fs.atomic_dir(out, prefix=".x-") as tmp:
+            (tmp / "b").write_text("2")
+            raise RuntimeError("boom")
+    assert [p.name for p in out.iterdir()] == ["a"]                  # the old directory is untouched
+    assert sorted(os.listdir(out.parent)) == ["out"]                 # no temp directory left
+    with fs.atomic_dir(out) as tmp:
+        (tmp / "c").write_text("3")
+    assert [p.name for p in out.iterdir()] == ["c"]                  # replaced as a whole
 
 
 def test_jsonl_line_survives_every_line_splitter():

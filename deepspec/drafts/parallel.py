@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import DraftState, Drafter, Proposal, init_linear_weights
+from .base import DraftState, Drafter, Proposal, batch_masks, init_linear_weights
 from .context import ContextProjector, append_kv, context_kv
 from .heads import ConfidenceHead, build_sequential_head
 from .layers import KV, DraftDims, DraftLayer, RMSNorm
@@ -140,12 +140,8 @@ class ParallelDrafter(Drafter):
         ``valid_pos`` [B, N, γ]: position k is supervised (a prefix of each block; ``valid`` =
         its first position)."""
         dev = self.device
-        ids = batch["input_ids"].to(dev)
+        ids, am, lm = batch_masks(batch, dev)
         B, T = ids.shape
-        am = batch.get("attention_mask")
-        am = torch.ones_like(ids, dtype=torch.bool) if am is None else am.to(dev).bool()
-        lm = batch.get("loss_mask")
-        lm = am if lm is None else lm.to(dev).bool() & am
         anchors = batch["anchors"].to(dev).long()
         g = self.cfg.gamma
         span = anchors.unsqueeze(-1) + torch.arange(g + 1, device=dev)                 # p .. p+γ
