@@ -16,7 +16,10 @@ import time
 from pathlib import Path
 
 from .config import DeepSpecConfig, save_config
+from .eval.runner import run as run_eval
 from .paths import cache_dir, eval_dir, regen_path, run_dir
+from .prepare import build_cache, regenerate
+from .train.loop import run as run_train
 
 log = logging.getLogger(__name__)
 
@@ -44,10 +47,6 @@ def tau_table(results: dict) -> str:
 
 
 def run(cfg: DeepSpecConfig) -> int:
-    from .prepare import build_cache, regenerate
-    from .eval.runner import run as run_eval
-    from .train.loop import run as run_train
-
     t0 = time.perf_counter()
     save_config(cfg, run_dir(cfg))
     _banner(f"1/4 regenerate answers with {cfg.target.name} → {regen_path(cfg)}")

@@ -186,7 +186,8 @@ class CacheReader:
             raise IndexError(f"sample {i} out of range for a cache of {n} samples")
         return i
 
-    def __getitem__(self, i: int) -> Dict[str, torch.Tensor]:
+    def _read(self, i: int, columns: Tuple[str, ...]) -> Tuple[str, int, Dict[str, Any]]:
+        """(where, num_tokens, {column: buffer}) of sample i, checked against the index."""
         i = self._check(i)
         k, row = int(self._shard_of[i]), int(self._row_of[i])
         name, (batch, r) = self._row(k, row)
@@ -195,21 +196,32 @@ class CacheReader:
             get = lambda c: batch.column(c)[r]  # noqa: E731
             sidx = get("sample_index").as_py()
             t = get("num_tokens").as_py()
-            blobs = {c: get(c).as_buffer() for c in ("input_ids", "loss_mask", "features", "last_hidden")}
+            blobs = {c: get(c).as_buffer() for c in columns}
         except ARROW_ERRORS + (AttributeError,) as e:
             raise CacheCorruptError(f"{what}: {type(e).__name__}: {e}") from None
         if sidx != int(self.sample_indices[i]) or t != int(self.lengths[i]):
             raise CacheCorruptError(f"{what}: holds sample {sidx} with {t} tokens, index expects "
                                     f"{int(self.sample_indices[i])} with {int(self.lengths[i])}")
+        return what, t, blobs
+
+    def _tokens(self, what: str, t: int, blobs) -> Dict[str, torch.Tensor]:
         ids = decode_array(blobs["input_ids"], "<i4", t, f"{what} input_ids")
         mask = decode_array(blobs["loss_mask"], np.uint8, t, f"{what} loss_mask")
         if mask.size and mask.max() > 1:
             raise CacheCorruptError(f"{what} loss_mask: values other than 0/1")
-        feats = self.codec.decode(blobs["features"], (t, self.feature_dim), f"{what} features")
-        last = self.codec.decode(blobs["last_hidden"], (t, self.hidden_size), f"{what} last_hidden")
         return {"input_ids": torch.from_numpy(ids.astype(np.int64)),
-                "loss_mask": torch.from_numpy(mask.astype(np.bool_)),
-                "features": feats, "last_hidden": last}
+                "loss_mask": torch.from_numpy(mask.astype(np.bool_))}
+
+    def tokens(self, i: int) -> Dict[str, torch.Tensor]:
+        """input_ids and loss_mask of sample i, without decoding its features."""
+        return self._tokens(*self._read(i, ("input_ids", "loss_mask")))
+
+    def __getitem__(self, i: int) -> Dict[str, torch.Tensor]:
+        what, t, blobs = self._read(i, ("input_ids", "loss_mask", "features", "last_hidden"))
+        out = self._tokens(what, t, blobs)
+        out["features"] = self.codec.decode(blobs["features"], (t, self.feature_dim), f"{what} features")
+        out["last_hidden"] = self.codec.decode(blobs["last_hidden"], (t, self.hidden_size), f"{what} last_hidden")
+        return out
 
     def __iter__(self):
         for i in range(len(self)):

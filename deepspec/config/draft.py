@@ -62,3 +62,7 @@ class DraftConfig:
     # Initialise from a saved draft directory: weights with matching names and shapes are
     # copied (e.g. a DSpark backbone from a DFlash checkpoint); the rest keep their init.
     init_from: Optional[str] = None
+    # Draft vocabulary: score only the N most frequent answer tokens of the training data (EAGLE-3's
+    # d2t/t2d; selected by the trainer from the cache, saved in the checkpoint); null = all tokens.
+    # Proposals stay lossless: the draft puts probability 0 outside it.
+    vocab_size: Optional[int] = None

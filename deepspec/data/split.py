@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Iterable, List, Sequence, Tuple
 
-from ..utils.fs import jsonl_line
+from ..utils.fs import jsonl_line, with_path
 from .conversation import Conversation
 
 
@@ -60,7 +60,6 @@ def write_jsonl_atomic(path: str | os.PathLike, records: Iterable[dict], fsync: 
     except BaseException as e:   # never leave a half file behind (it may be what filled the disk)
         tmp.unlink(missing_ok=True)
         if isinstance(e, OSError):
-            from ..utils.fs import with_path
             raise with_path(e, path, "writing") from e
         raise
     return path

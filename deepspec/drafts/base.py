@@ -92,6 +92,17 @@ class Drafter(nn.Module):
         self.layer_ids = list(target.layer_ids)
         self.mask_token_id = resolve_mask_token_id(self.cfg, target.tokenizer)
         self.cfg.mask_token_id = self.mask_token_id   # the effective config is what gets saved
+        # Draft vocabulary (draft.vocab_size = N): the target ids the draft head scores, sorted; a
+        # buffer, so checkpoints carry it.  Until `set_draft_vocab` it holds the first N ids.
+        n = self.cfg.vocab_size
+        if n is not None and not 1 <= int(n) <= self.vocab_size:
+            raise ValueError(f"draft.vocab_size={n}: must be between 1 and the target vocabulary size "
+                             f"{self.vocab_size} (null = the full vocabulary)")
+        self.out_vocab = int(n) if n is not None else self.vocab_size
+        if n is not None:
+            self.register_buffer("draft_vocab", torch.arange(int(n)), persistent=True)
+        else:
+            self.draft_vocab = None
 
     @property
     def target(self):
@@ -122,6 +133,48 @@ class Drafter(nn.Module):
         dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else None
         return self.target.logits_from_hidden(hidden, dtype=dt)
 
+    def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """fp32 logits of the draft head: the target's LM head restricted to the draft vocabulary
+        (all of it without one) — [..., out_vocab]; index i is target token ``draft_vocab[i]``."""
+        if self.draft_vocab is None:
+            return self.lm_logits(hidden)
+        dev = hidden.device.type
+        dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else None
+        return self.target.logits_from_hidden(hidden, dtype=dt, rows=self.draft_vocab)
+
+    def set_draft_vocab(self, ids) -> None:
+        """Install a draft vocabulary (sorted target ids, as many as draft.vocab_size)."""
+        if self.draft_vocab is None:
+            raise ValueError("set_draft_vocab: this drafter scores the full vocabulary (draft.vocab_size=null)")
+        ids = torch.as_tensor(ids, dtype=torch.long).reshape(-1)
+        if ids.numel() != self.out_vocab:
+            raise ValueError(f"set_draft_vocab: {ids.numel()} ids for draft.vocab_size={self.out_vocab}")
+        if ids.min() < 0 or ids.max() >= self.vocab_size or bool((ids[1:] <= ids[:-1]).any()):
+            raise ValueError("set_draft_vocab: ids must be strictly increasing target token ids")
+        with torch.no_grad():
+            self.draft_vocab.copy_(ids.to(self.draft_vocab.device))
+
+    def target_to_draft(self) -> Optional[torch.Tensor]:
+        """t2d as indices: [V] long, the draft index of each target token or -1 (None: full vocabulary)."""
+        if self.draft_vocab is None:
+            return None
+        key = (self.draft_vocab.data_ptr(), self.draft_vocab._version, self.draft_vocab.device)
+        cached = self.__dict__.get("_t2d")
+        if cached is None or cached[0] != key:
+            t2d = torch.full((self.vocab_size,), -1, dtype=torch.long, device=self.draft_vocab.device)
+            t2d[self.draft_vocab] = torch.arange(self.out_vocab, device=t2d.device)
+            cached = (key, t2d)
+            self.__dict__["_t2d"] = cached
+        return cached[1]
+
+    def to_target(self, draft_ids: torch.Tensor, probs: torch.Tensor):
+        """Draft-vocabulary samples and distributions [.., N] -> target ids and [.., V] (0 outside)."""
+        if self.draft_vocab is None:
+            return draft_ids, probs
+        full = probs.new_zeros(*probs.shape[:-1], self.vocab_size)
+        full[..., self.draft_vocab] = probs
+        return self.draft_vocab[draft_ids], full
+
     def trainable_parameters(self):
         return [p for p in self.parameters() if p.requires_grad]
 
@@ -149,7 +202,7 @@ class Drafter(nn.Module):
             "mask_token_id": self.mask_token_id,
             "target": {"fingerprint": t.fingerprint(), "layer_ids": list(self.layer_ids),
                        "feature_dim": self.feature_dim, "hidden_size": self.target_hidden_size,
-                       "vocab_size": self.vocab_size,
+                       "vocab_size": self.vocab_size, "draft_vocab_size": self.out_vocab,
                        "model_type": getattr(t.config, "model_type", None), "name": getattr(t, "name", None)},
             "shared_modules": {"embedding": "target.embed_tokens", "lm_head": "target.lm_head"},
         }

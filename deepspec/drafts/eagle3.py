@@ -140,7 +140,7 @@ class Eagle3Drafter(Drafter):
 
     def _head_logits(self, h: torch.Tensor) -> torch.Tensor:
         hn = self.norm(h)
-        return self.lm_logits(self.out_proj(hn) if self.out_proj is not None else hn)
+        return self.draft_logits(self.out_proj(hn) if self.out_proj is not None else hn)
 
     # -- training -------------------------------------------------------------------------------
     def _ttt(self, batch: Dict[str, torch.Tensor], roots: Optional[torch.Tensor] = None):
@@ -178,8 +178,9 @@ class Eagle3Drafter(Drafter):
         coef[:, 2] = valid * weight
         params = [p for m in (self.norm, self.out_proj) if m is not None for p in m.parameters()]
         num, t = fused_logit_loss(h, tgt_hidden, tokens, coef, self._head_logits, self.lm_logits,
-                                  params=params, vocab=self.vocab_size)
-        return num, torch.stack([t["ce"], t["tv"], t["top1"]])
+                                  params=params, vocab=self.vocab_size, draft_vocab=self.draft_vocab,
+                                  t2d=self.target_to_draft())
+        return num, torch.stack([t["ce"], t["tv"], t["top1"], t["in_vocab"]])
 
     def forward(self, batch: Dict[str, torch.Tensor]) -> Dict[str, object]:
         dev = self.device
@@ -201,11 +202,11 @@ class Eagle3Drafter(Drafter):
             tgt = last_ext.gather(1, (roots + 1 + j).unsqueeze(-1).expand(B, -1, Hl))[keep]  # last_hidden[r+1+j]
             num, st = self._chunk_loss(h[keep], tgt, tokens, valid.float(), float(w[j]))
             total = total + num
-            per_step.append(st)                                                           # [3, n]
+            per_step.append(st)                                                           # [4, n]
             valids.append(valid)
             denom = denom + float(w[j]) * valid.sum()
-        st = torch.stack(per_step, dim=-1)                                                # [3, n, S]
-        terms = {"ce": st[0], "tv": st[1], "top1": st[2]}
+        st = torch.stack(per_step, dim=-1)                                                # [4, n, S]
+        terms = {"ce": st[0], "tv": st[1], "top1": st[2], "in_vocab": st[3]}
         metrics = metrics_from_stats(stat_sums(terms, torch.stack(valids, -1)))
         loss = total / torch.as_tensor(denom, device=dev).clamp(min=1e-8)
         metrics["loss"] = float(loss.detach())
@@ -279,8 +280,8 @@ class Eagle3Drafter(Drafter):
             pos = torch.tensor([[L - 1 + k]], device=self.device)
             h, new = self._step(tok, g, pos, self._prefixes(kv), None)
             kv = append_kv(kv, new)
-            q = warp(self._head_logits(h)[0]).float()                                     # [1, V]
-            tok = torch.multinomial(q, 1, generator=generator)
+            q = warp(self._head_logits(h)[0]).float()                                     # [1, N]
+            tok, q = self.to_target(torch.multinomial(q, 1, generator=generator), q)
             toks.append(tok.reshape(1))
             probs.append(q)
             g = h

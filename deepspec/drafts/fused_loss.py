@@ -28,37 +28,55 @@ import torch
 # Logits per chunk (rows × V): 4M fp32 values = 16 MB per vocabulary-sized temporary.
 LOGITS_PER_CHUNK = 1 << 22
 
-STAT_NAMES = ("ce", "tv", "top1", "soft_ce")
+STAT_NAMES = ("ce", "tv", "top1", "soft_ce", "in_vocab")
 
 
 def rows_per_chunk(vocab: int, budget: int = LOGITS_PER_CHUNK) -> int:
     return max(1, budget // max(int(vocab), 1))
 
 
-def _chunk_terms(z: torch.Tensor, t: torch.Tensor, y: torch.Tensor, coef: torch.Tensor):
-    """Per-row terms [4, n] and dLoss/dz [n, V] for draft logits z, target logits t (both fp32)."""
+def _chunk_terms(z: torch.Tensor, t: torch.Tensor, y: torch.Tensor, coef: torch.Tensor,
+                 rows: Optional[torch.Tensor] = None, t2d: Optional[torch.Tensor] = None):
+    """Per-row terms [5, n] and dLoss/dz [n, N] for draft logits z [n, N] and target logits t [n, V].
+
+    With a draft vocabulary (``rows`` [N] target ids, ``t2d`` [V] their inverse, -1 elsewhere) q lives
+    on those N tokens: p is restricted to them (p_S, not renormalised), the target mass outside,
+    1 − Σ p_S, is unreachable and enters TV as a constant, CE counts only targets inside the vocabulary
+    (``in_vocab``), and the soft CE is −Σ_S p log q (gradient q·Σp_S − p_S)."""
     logq = torch.log_softmax(z, dim=-1)
     q = logq.exp()
     p = torch.softmax(t, dim=-1)
+    if rows is None:
+        yd, inv, out, psum = y, torch.ones_like(y, dtype=z.dtype), 0.0, 1.0
+    else:
+        p = p.index_select(-1, rows)
+        yd = t2d[y]
+        inv = (yd >= 0).to(z.dtype)
+        yd = yd.clamp(min=0)
+        psum = p.sum(-1)
+        out = (1.0 - psum).clamp(min=0.0)
+        psum = psum.unsqueeze(-1)
     diff = q - p
-    tv = 0.5 * diff.abs().sum(-1)
+    tv = 0.5 * (diff.abs().sum(-1) + out)
     s = diff.sign_()
     soft_ce = -(p * logq).sum(-1)
-    ce = -logq.gather(-1, y.unsqueeze(-1)).squeeze(-1)
-    top1 = (z.gather(-1, y.unsqueeze(-1)).squeeze(-1) >= z.amax(-1)).float()   # argmax is ~10x slower on CPU
+    ce = -logq.gather(-1, yd.unsqueeze(-1)).squeeze(-1) * inv
+    top1 = (z.gather(-1, yd.unsqueeze(-1)).squeeze(-1) >= z.amax(-1)).float() * inv   # argmax: ~10x slower
     a_ce, a_l1, a_soft = coef.unbind(-1)
-    # dL/dz = a_ce (q − e_y) + a_l1 q (s − <s, q>) + a_soft (q − p), built in place over s
+    a_ce = a_ce * inv
+    # dL/dz = a_ce (q − e_y) + a_l1 q (s − <s, q>) + a_soft (q Σp − p), built in place over s
     sq = (s * q).sum(-1, keepdim=True)
     g = s.sub_(sq).mul_(q).mul_(a_l1.unsqueeze(-1))
-    g.add_(q * (a_ce + a_soft).unsqueeze(-1)).sub_(p.mul_(a_soft.unsqueeze(-1)))
-    g.scatter_add_(-1, y.unsqueeze(-1), -a_ce.unsqueeze(-1))
+    g.add_(q * (a_ce.unsqueeze(-1) + a_soft.unsqueeze(-1) * psum)).sub_(p.mul_(a_soft.unsqueeze(-1)))
+    g.scatter_add_(-1, yd.unsqueeze(-1), -a_ce.unsqueeze(-1))
     loss = (a_ce * ce + a_l1 * 2.0 * tv + a_soft * soft_ce).sum()
-    return loss, torch.stack([ce, tv, top1, soft_ce]), g
+    return loss, torch.stack([ce, tv, top1, soft_ce, inv]), g
 
 
 class _FusedLogitLoss(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits_fn, target_logits_fn, chunk, h, u, w2, tgt_h, tokens, coef, *params):
+    def forward(ctx, logits_fn, target_logits_fn, chunk, vocab, h, u, w2, tgt_h, tokens, coef, *params):
+        rows, t2d = vocab if vocab is not None else (None, None)
         n = h.shape[0]
         inputs = [x for x in (h, u, w2) if x is not None]
         grads = [torch.zeros_like(x) if x.requires_grad else None for x in inputs]
@@ -82,7 +100,7 @@ class _FusedLogitLoss(torch.autograd.Function):
                 z = z.float()
             with torch.no_grad():
                 t = target_logits_fn(tgt_h[sl]).float()
-                loss, st, gz = _chunk_terms(z.detach(), t, tokens[sl], coef[sl].float())
+                loss, st, gz = _chunk_terms(z.detach(), t, tokens[sl], coef[sl].float(), rows, t2d)
             total += loss
             stats.append(st)
             want = [x for x in leaves + list(params) if x.requires_grad]
@@ -112,7 +130,7 @@ class _FusedLogitLoss(torch.autograd.Function):
         if not has_u:
             gi = gi + [None, None]
         gp = [next(saved) * grad_total for _ in range(n_params)]
-        return (None, None, None, gi[0], gi[1], gi[2], None, None, None, *gp)
+        return (None, None, None, None, gi[0], gi[1], gi[2], None, None, None, *gp)
 
 
 def fused_logit_loss(h: torch.Tensor, tgt_h: torch.Tensor, tokens: torch.Tensor, coef: torch.Tensor,
@@ -120,17 +138,22 @@ def fused_logit_loss(h: torch.Tensor, tgt_h: torch.Tensor, tokens: torch.Tensor,
                      target_logits_fn: Callable[[torch.Tensor], torch.Tensor],
                      u: Optional[torch.Tensor] = None, w2: Optional[torch.Tensor] = None,
                      params: Sequence[torch.Tensor] = (), chunk_rows: Optional[int] = None,
-                     vocab: Optional[int] = None) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
+                     vocab: Optional[int] = None, draft_vocab: Optional[torch.Tensor] = None,
+                     t2d: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
     """Weighted loss sum and per-row statistics over rows of h [N, D] (see the module docstring).
 
     tgt_h [N, H]: the target hidden states whose logits give p; tokens [N]: the true next tokens;
     coef [N, 3]: per-row weights of (CE, L1, soft CE); u [N, r] and w2 [r, V]: optional low-rank bias;
     params: trainable tensors ``logits_fn`` uses (their gradients are computed too).
-    Returns (loss sum with gradients, {ce, tv, top1, soft_ce: [N] detached})."""
+    draft_vocab [N] / t2d [V]: ``logits_fn`` scores only these target ids (see `_chunk_terms`); tokens
+    stay target ids.  Returns (loss sum with gradients, {ce, tv, top1, soft_ce, in_vocab: [rows]})."""
     if (u is None) != (w2 is None):
         raise ValueError("fused_logit_loss: u and w2 go together")
     if chunk_rows is None:
         chunk_rows = rows_per_chunk(vocab if vocab is not None else (w2.shape[-1] if w2 is not None else 1 << 16))
-    total, st = _FusedLogitLoss.apply(logits_fn, target_logits_fn, max(1, int(chunk_rows)), h, u, w2, tgt_h,
-                                      tokens, coef, *params)
+    if (draft_vocab is None) != (t2d is None):
+        raise ValueError("fused_logit_loss: draft_vocab and t2d go together")
+    pair = None if draft_vocab is None else (draft_vocab, t2d)
+    total, st = _FusedLogitLoss.apply(logits_fn, target_logits_fn, max(1, int(chunk_rows)), pair, h, u, w2,
+                                      tgt_h, tokens, coef, *params)
     return total, dict(zip(STAT_NAMES, st.unbind(0)))

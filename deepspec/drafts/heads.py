@@ -37,11 +37,11 @@ class SequentialHead(nn.Module):
     """Base: token embedding W1 and output matrix W2; subclasses define `step`."""
     kind = "none"
 
-    def __init__(self, vocab_size: int, hidden_size: int, rank: int):
+    def __init__(self, vocab_size: int, hidden_size: int, rank: int, out_vocab: Optional[int] = None):
         super().__init__()
         self.rank = rank
-        self.w1 = nn.Embedding(vocab_size, rank)
-        self.w2 = nn.Parameter(torch.empty(rank, vocab_size))
+        self.w1 = nn.Embedding(vocab_size, rank)                              # over every target token
+        self.w2 = nn.Parameter(torch.empty(rank, out_vocab or vocab_size))    # over the draft vocabulary
         nn.init.normal_(self.w1.weight, std=INIT_STD)
         nn.init.normal_(self.w2, std=INIT_STD)
 
@@ -92,8 +92,8 @@ class MarkovHead(SequentialHead):
 class RNNHead(SequentialHead):
     kind = "rnn"
 
-    def __init__(self, vocab_size: int, hidden_size: int, rank: int):
-        super().__init__(vocab_size, hidden_size, rank)
+    def __init__(self, vocab_size: int, hidden_size: int, rank: int, out_vocab: Optional[int] = None):
+        super().__init__(vocab_size, hidden_size, rank, out_vocab)
         self.cell = nn.Linear(2 * rank + hidden_size, 3 * rank)
         _init_linear(self.cell)
 
@@ -111,12 +111,13 @@ class RNNHead(SequentialHead):
 HEADS = {"markov": MarkovHead, "rnn": RNNHead}
 
 
-def build_sequential_head(kind: str, vocab_size: int, hidden_size: int, rank: int) -> Optional[SequentialHead]:
+def build_sequential_head(kind: str, vocab_size: int, hidden_size: int, rank: int,
+                          out_vocab: Optional[int] = None) -> Optional[SequentialHead]:
     if kind in (None, "", "none"):
         return None
     if kind not in HEADS:
         raise ValueError(f"draft.sequential_head={kind!r}: choose from none, {', '.join(HEADS)}")
-    return HEADS[kind](vocab_size, hidden_size, rank)
+    return HEADS[kind](vocab_size, hidden_size, rank, out_vocab)
 
 
 class ConfidenceHead(nn.Module):

@@ -21,7 +21,9 @@ import torch
 import torch.nn.functional as F
 
 # Rows of the per-position statistics tensor [len(STAT_ROWS), γ] (sums over items).
-STAT_ROWS = ("count", "ce", "tv", "bce", "top1", "chain_count", "chain_accept")
+# ``in_vocab``: positions whose target token is inside the draft vocabulary (all of them without one);
+# CE is averaged over those only.
+STAT_ROWS = ("count", "ce", "tv", "bce", "top1", "chain_count", "chain_accept", "in_vocab")
 
 
 def position_weights(n: int, decay: float, device=None) -> torch.Tensor:
@@ -65,15 +67,19 @@ def stat_sums(terms: Dict[str, torch.Tensor], valid: torch.Tensor) -> torch.Tens
     zero = v.new_zeros(v.shape[-1])
     return torch.stack([v.sum(0), s(terms["ce"]), s(terms["tv"]),
                         s(terms["bce"]) if "bce" in terms else zero, s(terms["top1"]),
-                        chain.sum(0), (accept * chain).sum(0)])
+                        chain.sum(0), (accept * chain).sum(0),
+                        s(terms["in_vocab"]) if "in_vocab" in terms else v.sum(0)])
 
 
 def metrics_from_stats(stats: torch.Tensor) -> Dict[str, float]:
-    """ce, tv, conf_bce (means over valid positions), accept_rate/k, top1/k, expected_tau."""
+    """ce (over positions whose target is in the draft vocabulary), tv, conf_bce (means over valid
+    positions), vocab_coverage, accept_rate/k, top1/k, expected_tau."""
     rows = dict(zip(STAT_ROWS, stats.detach().double().cpu().tolist()))
     n = sum(rows["count"])
-    out = {"ce": sum(rows["ce"]) / max(n, 1), "tv": sum(rows["tv"]) / max(n, 1),
-           "conf_bce": sum(rows["bce"]) / max(n, 1), "positions": float(n)}
+    n_in = sum(rows["in_vocab"])
+    out = {"ce": sum(rows["ce"]) / max(n_in, 1), "tv": sum(rows["tv"]) / max(n, 1),
+           "conf_bce": sum(rows["bce"]) / max(n, 1), "positions": float(n),
+           "vocab_coverage": n_in / n if n else math.nan}
     tau = 1.0
     for k, c in enumerate(rows["count"]):
         out[f"accept_rate/{k + 1}"] = 1 - rows["tv"][k] / c if c else math.nan

@@ -82,7 +82,7 @@ class ParallelDrafter(Drafter):
         self.norm = RMSNorm(D, dims.rms_eps)
         self.out_proj = nn.Linear(D, Ht, bias=False) if D != Ht else None
         init_linear_weights(self)
-        self.head = build_sequential_head(cfg.sequential_head, self.vocab_size, D, cfg.head_rank)
+        self.head = build_sequential_head(cfg.sequential_head, self.vocab_size, D, cfg.head_rank, self.out_vocab)
         self.conf_head = None
         if cfg.confidence_head:
             self.conf_head = ConfidenceHead(D, cfg.head_rank, None if self.head is not None else self.vocab_size)
@@ -166,7 +166,7 @@ class ParallelDrafter(Drafter):
 
     def _head_logits(self, h: torch.Tensor) -> torch.Tensor:
         """Base logits U_k of normed hidden states (draft out-projection, then the target's LM head)."""
-        return self.lm_logits(self.out_proj(h) if self.out_proj is not None else h)
+        return self.draft_logits(self.out_proj(h) if self.out_proj is not None else h)
 
     def _chunk_loss(self, hn, tgt_hidden, tokens, prev, valid_pos):
         """Loss numerator and per-position stats of one anchor chunk: 0.1·CE + 0.9·L1 (L1 = Σ|q − p| =
@@ -183,6 +183,7 @@ class ParallelDrafter(Drafter):
             h2.reshape(-1, D), tgt_hidden.reshape(-1, tgt_hidden.shape[-1]), tokens.reshape(-1), coef,
             self._head_logits, self.lm_logits, u=None if u is None else u.reshape(-1, u.shape[-1]),
             w2=None if u is None else self.head.w2, vocab=self.vocab_size,
+            draft_vocab=self.draft_vocab, t2d=self.target_to_draft(),
             params=[] if self.out_proj is None else list(self.out_proj.parameters()))
         terms = {k: v.reshape(valid_pos.shape) for k, v in terms.items()}
         if self.conf_head is not None:  # always in the graph (weight 0 included): no unused parameters under DDP
@@ -264,10 +265,10 @@ class ParallelDrafter(Drafter):
         if self.anchor_proj is not None and "last_feature" in state.cache:   # no context (empty prompt): none
             af = self.anchor_proj(state.cache["last_feature"]).unsqueeze(0)   # [1, 1, D]
         hn = self._backbone(a, p, ctx, None, af)[0, 0, :gamma]                         # [γ, D]
-        base = self._head_logits(hn)                                                    # [γ, V]
+        base = self._head_logits(hn)                                                    # [γ, N]
         if self.head is None and self.conf_head is None:
             probs = warp(base).float()
-            toks = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+            toks, probs = self.to_target(torch.multinomial(probs, 1, generator=generator).squeeze(-1), probs)
             return Proposal(tokens=toks, probs=probs, confidence=None)
         toks, probs, confs = [], [], []
         prev = a.reshape(1)
@@ -281,7 +282,7 @@ class ParallelDrafter(Drafter):
             if self.conf_head is not None:
                 confs.append(torch.sigmoid(self.conf_head(hn[k:k + 1], e, prev).float()))
             q = warp(logits).float()
-            prev = torch.multinomial(q, 1, generator=generator).reshape(1)
+            prev, q = self.to_target(torch.multinomial(q, 1, generator=generator).reshape(1), q)
             toks.append(prev)
             probs.append(q)
         return Proposal(tokens=torch.cat(toks), probs=torch.cat(probs),

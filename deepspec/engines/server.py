@@ -28,6 +28,7 @@ import os
 import sys
 import threading
 
+from ..config import ConfigError, load_config
 from .base import Engine
 from .handler import DEFAULT_MAX_BODY, ChatServer
 
@@ -97,7 +98,6 @@ def main(argv=None) -> int:
             return 2
         print(f"WARNING: deepspec serve is binding {args.host}:{args.port}, reachable from other machines"
               + ("" if api_key else ", with no authentication (see --api-key-env)"), file=sys.stderr)
-    from ..config import ConfigError, load_config
     try:
         cfg = load_config(args.overrides)
     except ConfigError as e:

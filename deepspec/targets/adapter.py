@@ -132,24 +132,28 @@ class TargetAdapter:
         """Input embeddings as the decoder sees them (family scaling included)."""
         return self.embed_tokens(input_ids)
 
-    def head_weight(self, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
-        """The (frozen) LM head weight, or a cached copy cast to ``dtype`` (e.g. bf16 matmuls under
-        autocast would otherwise cast the whole [V, H] head at every call)."""
+    def head_weight(self, dtype: Optional[torch.dtype] = None, rows: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The (frozen) LM head weight, or a cached copy of its ``rows`` (a draft vocabulary) cast to
+        ``dtype`` (bf16 matmuls under autocast would otherwise cast the whole [V, H] head every call)."""
         w = self.lm_head.weight
-        if dtype is None or dtype == w.dtype:
+        if (dtype is None or dtype == w.dtype) and rows is None:
             return w
-        key = (dtype, w.device, w.data_ptr(), w._version)
-        cached = self.__dict__.get("_head_cast")
-        if cached is None or cached[0] != key:
+        key = (dtype, w.device, w.data_ptr(), w._version,
+               None if rows is None else (rows.data_ptr(), rows._version, rows.numel()))
+        cache = self.__dict__.setdefault("_head_casts", {})
+        if key not in cache:
             with torch.no_grad():
-                cached = (key, w.detach().to(dtype))
-            self.__dict__["_head_cast"] = cached
-        return cached[1]
+                sub = w.detach() if rows is None else w.detach().index_select(0, rows.to(w.device))
+                if len(cache) >= 4:
+                    cache.clear()
+                cache[key] = sub.to(dtype or w.dtype)
+        return cache[key]
 
-    def logits_from_hidden(self, hidden: torch.Tensor, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    def logits_from_hidden(self, hidden: torch.Tensor, dtype: Optional[torch.dtype] = None,
+                           rows: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Target logits (fp32) from final post-norm hidden states; ``dtype`` = matmul precision
-        (default: the head's own)."""
-        w = self.head_weight(dtype)
+        (default: the head's own); ``rows`` = only these vocabulary entries (a draft vocabulary)."""
+        w = self.head_weight(dtype, rows)
         logits = torch.nn.functional.linear(hidden.to(w.dtype), w).float()
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap

@@ -59,6 +59,12 @@ class CachedSequences:
         return {"input_ids": s["input_ids"][:n].long(), "loss_mask": s["loss_mask"][:n].bool(),
                 "features": s["features"][:n], "last_hidden": s["last_hidden"][:n]}
 
+    def tokens(self, i: int) -> Dict[str, torch.Tensor]:
+        """input_ids and loss_mask only (no feature decoding), cut like ``self[i]``."""
+        s = self.reader.tokens(int(i))
+        n = s["input_ids"].shape[0] if not self.max_length else min(s["input_ids"].shape[0], self.max_length)
+        return {"input_ids": s["input_ids"][:n], "loss_mask": s["loss_mask"][:n]}
+
 
 def _cache_lengths(reader) -> List[int]:
     """Per-sample token counts, from the reader's index when it has one (no feature reads)."""

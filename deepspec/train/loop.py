@@ -32,6 +32,7 @@ from deepspec import paths
 from deepspec.cache import CacheReader
 from deepspec.config import to_object, to_yaml
 from deepspec.config.schema import DeepSpecConfig
+from deepspec.data.vocab import count_answer_tokens, coverage, save_vocab, select_top
 from deepspec.drafts import build_drafter
 from deepspec.targets import load_target
 
@@ -83,6 +84,8 @@ class Trainer:
         self.source, self.features = self._build_source()
         self.train_idx, self.heldout_idx = split_heldout(len(self.source), tc.heldout_fraction,
                                                          cfg.data.split_seed)
+        if self.drafter.draft_vocab is not None:
+            self._install_draft_vocab()
         self.accum = check_batch_sizes(tc.global_batch_sequences, tc.micro_batch_sequences, env.world_size)
         lengths = self.source.lengths() if tc.group_by_length else None
         self.plan = GlobalBatchPlan(self.train_idx, tc.global_batch_sequences, tc.micro_batch_sequences,
@@ -141,6 +144,26 @@ class Trainer:
         reader = CacheReader(cache_dir)
         reader.validate(self.target)
         return CachedSequences(reader, cfg.train.max_length), None
+
+    def _install_draft_vocab(self) -> None:
+        """draft.vocab_size = N: the N most frequent answer tokens of the training split (plus the
+        target's EOS tokens), the same on every rank; written to run_dir/draft_vocab.json.  A
+        vocabulary copied by draft.init_from (anything but the placeholder 0..N-1) is kept."""
+        d = self.drafter
+        if self.cfg.draft.init_from and not torch.equal(d.draft_vocab.cpu(), torch.arange(d.out_vocab)):
+            log.info("draft vocabulary of %d tokens taken from draft.init_from", d.out_vocab)
+            return
+        tokens = getattr(self.source, "tokens", self.source.__getitem__)
+        counts = count_answer_tokens((tokens(i) for i in self.train_idx), d.vocab_size)
+        ids = select_top(counts, d.out_vocab, always=self.target.eos_token_ids)
+        d.set_draft_vocab(ids)
+        cov = coverage(counts, ids)
+        log.info("draft vocabulary: %d of %d target tokens cover %.2f%% of the training answer tokens",
+                 d.out_vocab, d.vocab_size, 100 * cov)
+        if self.env.is_main:
+            save_vocab(self.run_dir / "draft_vocab.json", ids, vocab_size=d.vocab_size,
+                       tokenizer_fingerprint=self.target.fingerprint()["tokenizer_sha256"], coverage_value=cov,
+                       source=f"top-{d.out_vocab} answer tokens of {len(self.train_idx)} training sequences")
 
     def _banner(self) -> str:
         tc, env = self.cfg.train, self.env

@@ -58,21 +58,27 @@ def _draw(target, drafter, warp, n, seed):
     return counts, acc / max(ver, 1)
 
 
-def _dspark(target):
+def _dspark(target, vocab=None):
     from deepspec.config.draft import DraftConfig
     from deepspec.drafts.registry import build_drafter
     torch.manual_seed(0)
-    cfg = DraftConfig(algorithm="dspark", gamma=GAMMA, num_layers=1, head_rank=8, mask_token_id=0)
-    return build_drafter(target, cfg).eval()
+    cfg = DraftConfig(algorithm="dspark", gamma=GAMMA, num_layers=1, head_rank=8, mask_token_id=0,
+                      vocab_size=None if vocab is None else len(vocab))
+    d = build_drafter(target, cfg)
+    if vocab is not None:     # a pruned draft vocabulary: q = 0 on the other tokens
+        d.set_draft_vocab(vocab)
+    return d.eval()
 
 
 @pytest.mark.parametrize("kind,warp,n", [
     ("uniform", make_warp(0.8, top_k=5, top_p=0.95), 700),   # poor draft, warped target and draft alike
     ("dspark_random", make_warp(1.0), 300),                     # a real drafter's q (sequential head)
+    ("dspark_pruned", make_warp(1.0), 300),                     # ... proposing 4 of the 6 tokens only
 ])
 def test_first_tokens_match_target_distribution(small_vocab_target, kind, warp, n):
     t = small_vocab_target
-    d = FixedDistributionDraft(t, gamma=GAMMA) if kind == "uniform" else _dspark(t)
+    d = (FixedDistributionDraft(t, gamma=GAMMA) if kind == "uniform"
+         else _dspark(t, [0, 2, 3, 5] if kind == "dspark_pruned" else None))
     exact = _exact_joint(t, warp)
     counts, rate = _draw(t, d, warp, n, seed=len(kind))
     stat, df, pval = chi_square_gof(counts, exact)

@@ -96,3 +96,30 @@ def test_cache_of_another_target_is_refused(cached):
     tmp, _, _ = cached
     with pytest.raises(CacheMismatchError):
         run(load_config(overrides(tmp, run_dir=str(tmp / "other"), **{"target.path": "'tiny:llama:seed=1'"})))
+
+
+def test_draft_vocabulary_selected_from_the_training_split(cached):
+    """draft.vocab_size = N: the trainer picks the N most frequent answer tokens of the training split
+    (cache and online alike), saves them beside the run and in the checkpoint, and logs coverage."""
+    from deepspec.data.vocab import count_answer_tokens, load_vocab, select_top
+    from deepspec.drafts import load_drafter
+    from deepspec.train.data import split_heldout
+    tmp, cfg, target = cached
+    N = 64
+    ckpts = {}
+    for mode, extra in (("vocab_cache", {}), ("vocab_online", {"data.online": True})):
+        ckpts[mode] = run(load_config(overrides(tmp, run_dir=str(tmp / mode), **{"draft.vocab_size": N},
+                                                **extra)))
+    reader = CacheReader(tmp / "cache")
+    src = CachedSequences(reader, cfg.train.max_length)
+    train_idx, _ = split_heldout(len(src), cfg.train.heldout_fraction, cfg.data.split_seed)
+    expected = select_top(count_answer_tokens((src.tokens(i) for i in train_idx), target.vocab_size), N,
+                          always=target.eos_token_ids)
+    for mode, ckpt in ckpts.items():
+        saved = load_vocab(tmp / mode / "draft_vocab.json", vocab_size=target.vocab_size,
+                           tokenizer_fingerprint=target.fingerprint()["tokenizer_sha256"])
+        assert saved.tolist() == expected.tolist(), mode
+        assert load_drafter(ckpt, target).draft_vocab.tolist() == expected.tolist()
+        rows = [json.loads(x) for x in (tmp / mode / "metrics.jsonl").read_text().splitlines()]
+        cov = [r["eval/vocab_coverage"] for r in rows if "eval/vocab_coverage" in r]
+        assert cov and 0 < cov[-1] <= 1

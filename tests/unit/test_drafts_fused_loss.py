@@ -83,3 +83,35 @@ def test_peak_memory_is_bounded_by_the_chunk():
     assert max(sizes) < N * V
     loss.backward()
     assert h.grad is not None and u.grad is not None and w2.grad is not None
+
+
+@pytest.mark.parametrize("chunk", [3, N])
+def test_fused_with_a_draft_vocabulary_equals_autograd(chunk):
+    """q on a subset S of the vocabulary: TV adds the unreachable target mass, CE counts targets in S,
+    soft CE is −Σ_S p log q; value, statistics and gradients equal plain autograd on the formulas."""
+    head, proj, h, u, w2, tgt_h, tokens, coef = _setup()
+    g = torch.Generator().manual_seed(5)
+    rows = torch.randperm(V, generator=g)[:40].sort().values
+    tokens[:8] = rows[torch.randint(0, 40, (8,), generator=g)]          # some targets inside S for sure
+    t2d = torch.full((V,), -1, dtype=torch.long)
+    t2d[rows] = torch.arange(40)
+    w2s = w2.detach()[:, :40].clone().requires_grad_()
+    zs = proj(h) @ head[rows].T + u @ w2s
+    logq = torch.log_softmax(zs, -1)
+    p = torch.softmax(tgt_h @ head.T, -1)[:, rows]
+    inv = t2d[tokens] >= 0
+    tv = 0.5 * ((logq.exp() - p).abs().sum(-1) + 1 - p.sum(-1))
+    ce = -logq.gather(-1, t2d[tokens].clamp(min=0)[:, None]).squeeze(-1) * inv
+    soft = -(p * logq).sum(-1)
+    ref = (coef[:, 0] * ce + coef[:, 1] * 2 * tv + coef[:, 2] * soft).sum()
+    leaves = [h, u, w2s] + list(proj.parameters())
+    ref_g = torch.autograd.grad(ref, leaves)
+    got, st = fused_logit_loss(h, tgt_h, tokens, coef, lambda x: proj(x) @ head[rows].T, lambda x: x @ head.T,
+                               u=u, w2=w2s, params=list(proj.parameters()), chunk_rows=chunk,
+                               draft_vocab=rows, t2d=t2d)
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(st["tv"], tv.detach(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(st["ce"], ce.detach(), rtol=1e-5, atol=1e-6)
+    assert st["in_vocab"].tolist() == inv.float().tolist()
+    for a, b in zip(torch.autograd.grad(got, leaves), ref_g):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
