@@ -37,7 +37,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SIDES = {"ours": "ours (dspark)", "deepspec": "DeepSpec (DSpark)"}
+SIDES = {"ours": "ours (dspark), fp32", "ours_defaults": "ours (dspark), trainer defaults",
+         "deepspec": "DeepSpec (DSpark)"}
+# "ours_defaults": what `deepspec train` does on this machine — bf16 autocast where the CPU computes bf16
+# natively (train.bf16=null) and the trainer's fused AdamW; "ours" and DeepSpec: fp32, plain AdamW.
 
 
 def _rss_mb() -> float:
@@ -185,6 +188,19 @@ def worker(side: str, c: dict) -> dict:
     model, step, info = (deepspec_step_fn if side == "deepspec" else ours_step_fn)(c, x)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-4, weight_decay=0.0)
+    if side == "ours_defaults":
+        import contextlib
+        from deepspec.config.train import TrainConfig
+        from deepspec.train.optim import build_adamw, trainable_named_parameters
+        from deepspec.train.precision import use_bf16
+        opt = build_adamw(trainable_named_parameters(model), TrainConfig(lr=1e-4, weight_decay=0.0))
+        bf16 = use_bf16(None, torch.device("cpu"))
+        info = {**info, "bf16_autocast": bf16, "optimizer": "fused AdamW" if opt.defaults.get("fused") else "AdamW"}
+        plain_step = step
+
+        def step():
+            with torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext():
+                return plain_step()
     positions = c["anchors"] * c["gamma"] * c["seqs"]
     times, losses = [], []
     for i in range(c["warmup"] + c["steps"]):
@@ -243,24 +259,24 @@ def summarize(runs: list) -> dict:
 def render_train_vs_deepspec(record: dict) -> str:
     """Markdown: the record's table (medians over every timed step / run) and its configuration."""
     c, s = record["config"], record["summary"]
-    sides = [k for k in ("deepspec", "ours") if k in s]
-    both = len(sides) == 2
-    head = "| | " + " | ".join(SIDES[k] for k in sides) + (" | ours / DeepSpec |" if both else " |")
-    lines = [head, "|---" * (len(sides) + 1 + both) + "|"]
+    sides = [k for k in ("deepspec", "ours", "ours_defaults") if k in s]
+    ours = [k for k in sides if k != "deepspec"] if "deepspec" in sides else []
+    head = "| | " + " | ".join(SIDES[k] for k in sides) + "".join(f" | {SIDES[k]} / DeepSpec" for k in ours) + " |"
+    lines = [head, "|---" * (len(sides) + 1 + len(ours)) + "|"]
     def rate(v):
         return f"{v['positions_per_s']:,.0f} ({v['positions_per_s_min']:,.0f}–{v['positions_per_s_max']:,.0f})"
     rows = [("draft positions/s, median (min–max)", "positions_per_s", rate),
             ("peak RSS (MB)", "peak_rss_mb", lambda v: f"{v['peak_rss_mb']:,.0f}"),
             ("RSS added by training (MB)", "added_rss_mb", lambda v: f"{v['added_rss_mb']:,.0f}")]
     for label, key, fmt in rows:
-        cells = [fmt(s[k]) for k in sides] + ([f"{record['ratios'][key]:.2f}"] if both else [])
+        cells = [fmt(s[k]) for k in sides] + [f"{s[k][key] / s['deepspec'][key]:.2f}" for k in ours]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     m = record["machine"]
     lines.append("")
     lines.append(f"H {c['hidden']}, {c['heads']}/{c['kv_heads']} heads, V {c['vocab']:,}, intermediate "
                  f"{c['intermediate']}, {c['target_layers']} target layers, {len(c['layer_ids'])} feature layers, "
                  f"{c['layers']} draft layer(s), γ {c['gamma']}, {c['anchors']} anchors × {c['seqs']} sequences × "
-                 f"{c['seq_len']} tokens, Markov rank {c['rank']} + confidence head, fp32, {c['threads']} threads; "
+                 f"{c['seq_len']} tokens, Markov rank {c['rank']} + confidence head, {c['threads']} threads; "
                  f"forward + loss + backward + AdamW, {c['steps']} timed steps per run after {c['warmup']} warm-up, "
                  f"{s[sides[0]]['runs']} run(s) per side, alternating processes; {m['cpu']}, torch {m['torch']}.")
     loads = [r["load_avg_1m"] for r in record.get("runs", [])]
@@ -291,7 +307,7 @@ def main(argv=None) -> int:
     from deepspec.targets import default_layer_ids
     c = {k: v for k, v in vars(args).items() if k not in ("worker", "spec", "out", "deepspec", "rounds")}
     c["layer_ids"] = default_layer_ids(args.target_layers, args.feature_layers)
-    sides = ["ours"]
+    sides = ["ours", "ours_defaults"]
     if args.deepspec:
         c["deepspec_path"] = str(Path(args.deepspec).resolve())
         sides.append("deepspec")
@@ -312,9 +328,10 @@ def main(argv=None) -> int:
               "deepspec": checkout_id(c["deepspec_path"]) if args.deepspec else None,
               "runs": runs, "summary": summary, "notes": []}
     if args.deepspec:
-        o, d = summary["ours"], summary["deepspec"]
-        record["ratios"] = {k: round(o[k] / d[k], 3) for k in ("positions_per_s", "peak_rss_mb",
-                                                                 "added_rss_mb")}
+        d = summary["deepspec"]
+        record["ratios"] = {side: {k: round(summary[side][k] / d[k], 3) for k in ("positions_per_s", "peak_rss_mb",
+                                                                               "added_rss_mb")}
+                            for side in sides if side != "deepspec"}
         attention = next(r["attention"] for r in runs if r["side"] == "deepspec")
         record["notes"].append(
             f"DeepSpec: {attention} (flex_attention has no backward on CPU); its drafter "

@@ -20,8 +20,10 @@ def test_our_side_alone_writes_a_consistent_record(tmp_path, bench_module, capsy
     c = rec["config"]
     assert (c["hidden"], c["vocab"], c["gamma"], c["steps"], c["warmup"]) == (32, 128, 3, 3, 1)
     assert len(c["layer_ids"]) == 2 and all(0 <= i < 6 for i in c["layer_ids"])
-    [run] = rec["runs"]
+    run, defaults = rec["runs"]
     assert run["side"] == "ours" and run["round"] == 1 and run["package"].endswith("deepspec")
+    assert defaults["side"] == "ours_defaults" and defaults["optimizer"] == "fused AdamW"
+    assert isinstance(defaults["bf16_autocast"], bool)
     assert run["positions_per_step"] == 3 * 3 * 2 and len(run["step_s"]) == 3
     rates = [run["positions_per_step"] / t for t in run["step_s"]]
     assert abs(run["positions_per_s"] - statistics.median(rates)) <= 0.01 * max(rates) + 0.1
@@ -33,7 +35,7 @@ def test_our_side_alone_writes_a_consistent_record(tmp_path, bench_module, capsy
     assert s["runs"] == 1 and s["peak_rss_mb"] == run["peak_rss_mb"]
     assert s["positions_per_s_min"] <= s["positions_per_s"] <= s["positions_per_s_max"]
     table = capsys.readouterr().out
-    assert "ours (dspark)" in table and "DeepSpec (DSpark)" not in table and "ours / DeepSpec" not in table
+    assert "ours (dspark)" in table and "DeepSpec (DSpark)" not in table and "/ DeepSpec" not in table
 
 
 def test_render_with_both_sides_shows_the_ratio_column(bench_module):
@@ -45,12 +47,13 @@ def test_render_with_both_sides_shows_the_ratio_column(bench_module):
            "layer_ids": [1, 7, 14, 20, 27], "layers": 1, "gamma": 7, "anchors": 16, "seqs": 4, "seq_len": 384,
            "rank": 64, "threads": 2, "steps": 25, "warmup": 2}
     rec = {"config": cfg, "machine": {"cpu": "x", "torch": "2"}, "notes": ["note A"],
-           "summary": {"ours": side(200.0, 1500.0), "deepspec": side(300.0, 1700.0)},
-           "ratios": {"positions_per_s": 0.667, "peak_rss_mb": 0.882, "added_rss_mb": 0.882}}
+           "summary": {"ours": side(200.0, 1500.0), "deepspec": side(300.0, 1700.0),
+                       "ours_defaults": side(600.0, 1360.0)}}
     md = mod.render_train_vs_deepspec(rec)
-    assert md.splitlines()[0] == "| | DeepSpec (DSpark) | ours (dspark) | ours / DeepSpec |"
-    assert "| draft positions/s, median (min–max) | 300 (290–310) | 200 (190–210) | 0.67 |" in md
-    assert "| peak RSS (MB) | 1,700 | 1,500 | 0.88 |" in md and "note A" in md and "V 49,152" in md
+    assert md.splitlines()[0] == ("| | DeepSpec (DSpark) | ours (dspark), fp32 | ours (dspark), trainer defaults | "
+                                  "ours (dspark), fp32 / DeepSpec | ours (dspark), trainer defaults / DeepSpec |")
+    assert "| draft positions/s, median (min–max) | 300 (290–310) | 200 (190–210) | 600 (590–610) | 0.67 | 2.00 |" in md
+    assert "| peak RSS (MB) | 1,700 | 1,500 | 1,360 | 0.88 | 0.80 |" in md and "note A" in md and "V 49,152" in md
 
 
 def test_dense_mask_for_old_checkouts(bench_module):
