@@ -10,6 +10,7 @@ eval reuses results.json written for the same config, checkpoint and prompts).
 """
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import time
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from .config import DeepSpecConfig, save_config
 from .eval.runner import run as run_eval
-from .paths import cache_dir, eval_dir, regen_path, run_dir
+from .paths import cache_dir, eval_dir, regen_path, run_dir, shipped_draft_dir
 from .prepare import build_cache, regenerate
 from .train.loop import run as run_train
 
@@ -46,6 +47,18 @@ def tau_table(results: dict) -> str:
     return "\n".join(rows)
 
 
+def side_by_side(named: dict) -> str:
+    """Markdown: overall τ, wall-clock speedup over plain decoding and the per-round split per draft."""
+    rows = ["| draft | overall τ | speedup vs plain decoding | tokens/s spec | tokens/s plain |",
+            "|---|---|---|---|---|"]
+    for name, r in named.items():
+        sp = r.get("speed", {})
+        spec, base = sp.get("spec") or {}, sp.get("baseline") or {}
+        rows.append(f"| {name} | {_f(r.get('overall', {}).get('tau'))} | {_f(sp.get('speedup'), '.2f')}× | "
+                    f"{_f(spec.get('tokens_per_s'), '.1f')} | {_f(base.get('tokens_per_s'), '.1f')} |")
+    return "\n".join(rows)
+
+
 def run(cfg: DeepSpecConfig) -> int:
     t0 = time.perf_counter()
     save_config(cfg, run_dir(cfg))
@@ -62,6 +75,16 @@ def run(cfg: DeepSpecConfig) -> int:
     results = json.loads(Path(results_path).read_text())
     _banner("result")
     print(tau_table(results))
+    shipped = shipped_draft_dir(cfg.target.name)
+    if shipped is not None:
+        _banner(f"the shipped, longer-trained draft ({shipped.name}) on the same prompts")
+        ship_cfg = copy.deepcopy(cfg)
+        ship_cfg.eval.checkpoint = str(shipped)
+        ship_cfg.eval.out_dir = str(eval_dir(cfg).parent / "eval_shipped")
+        run_eval(ship_cfg)
+        ship = json.loads((Path(ship_cfg.eval.out_dir) / "results.json").read_text())
+        print(tau_table(ship))
+        print("\n" + side_by_side({"trained just now": results, f"shipped ({shipped.name})": ship}))
     plots = sorted(p.name for p in (eval_dir(cfg) / "plots").glob("*.png")) if (eval_dir(cfg) / "plots").is_dir() else []
     print(f"\nreport: {eval_dir(cfg) / 'report.md'}\nplots:  {eval_dir(cfg) / 'plots'} ({', '.join(plots)})")
     print(f"checkpoint: {ckpt}\ndemo finished in {time.perf_counter() - t0:.0f} s")

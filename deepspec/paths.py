@@ -26,3 +26,15 @@ def checkpoints_dir(cfg) -> Path:
 
 def eval_dir(cfg) -> Path:
     return Path(cfg.eval.out_dir) if cfg.eval.out_dir else run_dir(cfg) / "eval"
+
+
+# Drafts trained by the project and shipped inside the package (safetensors + config + provenance).
+SHIPPED_DIR = Path(__file__).resolve().parent / "shipped"
+SHIPPED_FOR_TARGET = {"smollm2_135m": "smollm2-135m-dspark"}
+
+
+def shipped_draft_dir(target_name: str):
+    """The shipped draft for a target config name, or None when the package ships none for it."""
+    name = SHIPPED_FOR_TARGET.get(target_name)
+    d = SHIPPED_DIR / name if name else None
+    return d if d is not None and (d / "model.safetensors").is_file() else None

@@ -1,0 +1,57 @@
+"""The DSpark draft shipped inside the package for the reference target: it loads with
+`from_pretrained`, carries its provenance, decodes losslessly and accepts above a stated floor."""
+import json
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.slow
+
+# Measured on the prompts below when the draft was shipped (see its provenance.json): the floor is set
+# below that so the test checks "a trained draft", not a number that load noise could move.
+TAU_FLOOR = 1.15
+
+
+@pytest.fixture(scope="module")
+def shipped(reference_target_dir):
+    from deepspec.config import TargetConfig
+    from deepspec.drafts import load_drafter
+    from deepspec.paths import shipped_draft_dir
+    from deepspec.targets import load_target
+    d = shipped_draft_dir("smollm2_135m")
+    assert d is not None, "the package ships no draft for smollm2_135m"
+    target = load_target(TargetConfig(path="reference:smollm2-135m", device="cpu"))
+    return d, target, load_drafter(d, target).eval()
+
+
+def test_shipped_draft_has_provenance_and_fits_the_budget(shipped):
+    d, _, drafter = shipped
+    prov = json.loads((d / "provenance.json").read_text())
+    for key in ("command", "commit", "data", "steps", "machine", "heldout"):
+        assert key in prov, key
+    size = sum(f.stat().st_size for f in d.parent.rglob("*") if f.is_file())
+    assert size <= 25 * 2 ** 20, f"shipped drafts take {size / 2 ** 20:.1f} MB (budget 25 MB)"
+    assert drafter.algorithm == "dspark"
+
+
+def test_shipped_draft_is_lossless_and_accepts(shipped):
+    from deepspec.eval.sampling import make_warp
+    from deepspec.eval.speculative import speculative_generate, target_generate
+    from deepspec.targets import encode_prompt
+    _, target, drafter = shipped
+    torch.set_num_threads(2)
+    prompts = ["What is 15 times 4? Explain step by step.",
+               "Write a short Python function that reverses a string.",
+               "Give me three tips for a job interview."]
+    greedy = make_warp(0.0)
+    accepted = rounds = 0
+    for text in prompts:
+        ids = encode_prompt(target.tokenizer, [{"role": "user", "content": text}])
+        base = target_generate(target, ids, max_new_tokens=48, warp=greedy, eos_token_ids=[]).tokens
+        spec = speculative_generate(target, drafter, ids, gamma=drafter.cfg.gamma, max_new_tokens=48,
+                                    warp=greedy, eos_token_ids=[])
+        assert spec.tokens == base
+        accepted += sum(r.accepted for r in spec.rounds)
+        rounds += len(spec.rounds)
+    tau = (accepted + rounds) / rounds          # accepted drafts + the bonus token per round
+    assert tau >= TAU_FLOOR, tau
