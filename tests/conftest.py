@@ -74,3 +74,27 @@ def bench_module():
             sys.path.insert(0, str(REPO))
         return importlib.import_module(f"bench.{name}")
     return load
+
+
+def _edited_copy(src, dst, cfg_edit=None, w_edit=None):
+    """A copy of the draft directory ``src`` at ``dst`` with ``cfg_edit(config dict)`` and
+    ``w_edit(weights dict)`` applied to config.json / model.safetensors (in place, on the copy)."""
+    import json
+    import shutil
+    from safetensors.torch import load_file, save_file
+    shutil.copytree(src, dst)
+    if cfg_edit:
+        cfg = json.loads((dst / "config.json").read_text())
+        cfg_edit(cfg)
+        (dst / "config.json").write_text(json.dumps(cfg))
+    if w_edit:
+        w = load_file(str(dst / "model.safetensors"))
+        w_edit(w)
+        save_file(w, str(dst / "model.safetensors"))
+    return dst
+
+
+@pytest.fixture
+def edited_draft():
+    """``edited_draft(src, dst, cfg_edit=None, w_edit=None)``: an edited copy of a draft directory."""
+    return _edited_copy

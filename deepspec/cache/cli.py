@@ -1,7 +1,9 @@
 """The reader's commands: ``deepspec cache verify`` and ``deepspec cache info`` (also ``python -m deepspec.cache``).
 
     deepspec cache verify DIR [--decode]     sha256 + schema of every shard (exit 1 on damage)
-    deepspec cache info DIR [--json|--full]  samples, tokens, bytes/token, ratio, manifest
+    deepspec cache info DIR [--json|--full] [--vocab-size N ...] [--no-coverage]
+                                             samples, tokens, bytes/token, ratio, draft-vocabulary
+                                             coverage of the answer tokens, manifest
 
 The whole ``deepspec cache`` command (with build, finalize and gate) is `deepspec.cache_cli`.
 """
@@ -10,8 +12,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
+import numpy as np
+
+from ..data.vocab import REPORT_SIZES, count_answer_tokens, top_coverage
 from ..utils.signals import GracefulStop
 from .codec_error import format_error_report
 from .errors import CacheError
@@ -46,12 +51,46 @@ def _cmd_verify(args) -> int:
     return 0
 
 
+def vocab_coverage(reader: CacheReader, sizes: Sequence[int] = REPORT_SIZES, progress: Optional[bool] = None
+                   ) -> Dict[str, Any]:
+    """Coverage of the cache's answer (loss-masked) tokens by the N most frequent of them, per N in ``sizes``:
+    the fraction a drafter with ``draft.vocab_size = N`` can propose at all (`deepspec.data.vocab`).
+
+    Reads ``input_ids`` and ``loss_mask`` of every sample (`CacheReader.tokens`, no feature decoding),
+    with a progress bar on a terminal.  All samples count (the trainer selects from its training split
+    and forces the target's EOS tokens in, which the cache does not record)."""
+    n = len(reader)
+    samples = (reader.tokens(i) for i in range(n))
+    if progress is not False:
+        from tqdm import tqdm
+        samples = tqdm(samples, total=n, desc="answer tokens", unit="sample", file=sys.stderr,
+                       disable=None if progress is None else not progress, leave=False)
+    counts = count_answer_tokens(samples, None)
+    return {"answer_tokens": int(counts.sum()), "distinct": int(np.count_nonzero(counts)),
+            "coverage": {int(k): top_coverage(counts, int(k)) for k in sorted(set(int(x) for x in sizes))}}
+
+
+def format_coverage(cov: Dict[str, Any]) -> List[str]:
+    row = "  ".join(f"N={k:,}: {100 * v:.2f}%" for k, v in cov["coverage"].items())
+    return [f"draft vocab      {row}",
+            f"                 (share of the {cov['answer_tokens']:,} answer tokens among the N most frequent; "
+            f"{cov['distinct']:,} distinct; draft.vocab_size=N)"]
+
+
 def _cmd_info(args) -> int:
     reader = CacheReader(args.dir)
     m = reader.manifest
     st = reader.stats()
+    sizes = list(REPORT_SIZES) + [int(v) for v in args.vocab_size or []]
+    bad = [v for v in sizes if v < 1]
+    if bad:
+        raise CacheError(f"--vocab-size {bad[0]}: must be a positive number of tokens")
+    cov = None if args.no_coverage else vocab_coverage(reader, sizes)
     if args.json:
-        print(json.dumps({"stats": st, "manifest": m}, indent=1))
+        out = {"stats": st, "manifest": m}
+        if cov is not None:
+            out["draft_vocab_coverage"] = cov
+        print(json.dumps(out, indent=1))
         return 0
     t = m["target"]
     L, H = len(m["layer_ids"]), m["hidden_size"]
@@ -74,6 +113,8 @@ def _cmd_info(args) -> int:
         lines.append(f"bytes/token      features {int(cols.get('features', 0)) / st['tokens']:,.1f}, "
                      f"last_hidden {int(cols.get('last_hidden', 0)) / st['tokens']:,.1f} (+ ids, mask, framing)")
     lines += format_error_report(m)  # lossy codecs: error measured at build time
+    if cov is not None:
+        lines += format_coverage(cov)
     print("\n".join(lines))
     shown = dict(m)
     if not args.full and len(m["shards"]) > 4:
@@ -94,6 +135,11 @@ def add_commands(sub) -> None:
     i.add_argument("dir")
     i.add_argument("--json", action="store_true")
     i.add_argument("--full", action="store_true", help="list every shard")
+    i.add_argument("--vocab-size", type=int, action="append", metavar="N",
+                   help="also report the answer-token coverage of a draft vocabulary of N tokens (your "
+                        f"draft.vocab_size; repeatable; {', '.join(map(str, REPORT_SIZES))} are always reported)")
+    i.add_argument("--no-coverage", action="store_true",
+                   help="skip the draft-vocabulary coverage (it reads the token ids of every sample)")
     i.set_defaults(fn=_cmd_info)
 
 

@@ -17,24 +17,35 @@ from typing import Dict, Iterable, Optional, Sequence
 
 import numpy as np
 
+from ..errors import DeepSpecError
+
 FORMAT = "deepspec.draft_vocab/1"
+#: the sizes `deepspec cache info` reports coverage for (EAGLE-3 / SpecForge commonly use 32k)
+REPORT_SIZES = (8192, 16384, 32768)
 
 
-class VocabError(ValueError):
+class VocabError(DeepSpecError, ValueError):
     """A draft vocabulary that does not fit its target or its data."""
 
 
-def count_answer_tokens(samples: Iterable, vocab_size: int) -> np.ndarray:
+def count_answer_tokens(samples: Iterable, vocab_size: Optional[int]) -> np.ndarray:
     """int64 [vocab_size]: how often each token is an answer (loss-masked) token in ``samples``
-    (each a mapping with ``input_ids`` and ``loss_mask``)."""
-    counts = np.zeros(int(vocab_size), dtype=np.int64)
+    (each a mapping with ``input_ids`` and ``loss_mask``).  ``vocab_size=None`` (the vocabulary is
+    not known, e.g. `deepspec cache info` without a target): as long as the largest id seen + 1."""
+    counts = np.zeros(int(vocab_size or 0), dtype=np.int64)
     for s in samples:
         ids = np.asarray(s["input_ids"]).reshape(-1)
         mask = np.asarray(s["loss_mask"]).reshape(-1).astype(bool)
         sel = ids[mask[: ids.shape[0]]]
-        if sel.size and (sel.min() < 0 or sel.max() >= vocab_size):
-            raise VocabError(f"token id {int(sel.max())} outside the target vocabulary of {vocab_size}")
-        counts += np.bincount(sel, minlength=vocab_size)[:vocab_size]
+        if not sel.size:
+            continue
+        if sel.min() < 0 or (vocab_size is not None and sel.max() >= vocab_size):
+            bad = int(sel.min()) if sel.min() < 0 else int(sel.max())
+            raise VocabError(f"token id {bad} outside the target vocabulary of {vocab_size}")
+        b = np.bincount(sel, minlength=counts.shape[0])
+        if b.shape[0] > counts.shape[0]:
+            counts = np.concatenate([counts, np.zeros(b.shape[0] - counts.shape[0], dtype=np.int64)])
+        counts += b
     return counts
 
 
@@ -60,6 +71,18 @@ def coverage_table(counts: np.ndarray, sizes: Sequence[int], always: Sequence[in
     """{N: coverage of the top-N selection} for each N that fits the vocabulary."""
     V = int(counts.shape[0])
     return {int(n): coverage(counts, select_top(counts, n, always)) for n in sizes if 1 <= int(n) <= V}
+
+
+def top_coverage(counts: np.ndarray, n: int) -> float:
+    """Coverage of the ``n`` most frequent tokens (ties do not change it; 1.0 once ``n`` reaches the
+    number of distinct tokens) — `select_top` without tokens forced in, for data without a target."""
+    total = int(counts.sum())
+    if not total or int(n) >= int(np.count_nonzero(counts)):
+        return 1.0
+    if int(n) <= 0:
+        return 0.0
+    top = np.partition(counts, counts.shape[0] - int(n))[counts.shape[0] - int(n):]
+    return float(top.sum() / total)
 
 
 def save_vocab(path, ids: np.ndarray, *, vocab_size: int, tokenizer_fingerprint: Optional[str],
@@ -95,10 +118,26 @@ def load_vocab(path, *, vocab_size: int, tokenizer_fingerprint: Optional[str] = 
     return ids
 
 
-def check_ids(ids: np.ndarray, vocab_size: int, where: str = "draft vocabulary") -> None:
+def ids_problem(ids, vocab_size: int) -> Optional[str]:
+    """What is wrong with ``ids`` as a draft vocabulary of a ``vocab_size``-token target (None: nothing):
+    a non-empty 1-D list of integer target ids, in range, strictly increasing."""
+    ids = np.asarray(ids)
     if ids.ndim != 1 or ids.size == 0:
-        raise VocabError(f"{where}: expected a non-empty list of token ids")
+        return f"expected a non-empty 1-D list of token ids, got shape {list(ids.shape)}"
+    if not np.issubdtype(ids.dtype, np.integer):
+        return f"expected integer token ids, got {ids.dtype}"
+    if ids.size > vocab_size:
+        return f"{ids.size} ids for a target vocabulary of {vocab_size} tokens"
     if ids.min() < 0 or ids.max() >= vocab_size:
-        raise VocabError(f"{where}: token ids outside 0..{vocab_size - 1}")
+        bad = int(ids.min()) if ids.min() < 0 else int(ids.max())
+        return f"token id {bad} outside the target vocabulary 0..{vocab_size - 1}"
     if np.any(np.diff(ids) <= 0):
-        raise VocabError(f"{where}: token ids must be strictly increasing")
+        k = int(np.argmax(np.diff(ids) <= 0))
+        return f"token ids must be strictly increasing (position {k + 1}: {int(ids[k])} then {int(ids[k + 1])})"
+    return None
+
+
+def check_ids(ids: np.ndarray, vocab_size: int, where: str = "draft vocabulary") -> None:
+    problem = ids_problem(ids, vocab_size)
+    if problem:
+        raise VocabError(f"{where}: {problem}")

@@ -23,6 +23,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
+from ..config import ConfigError
 from ..config.draft import DraftConfig
 from .checkpoint import CONFIG_NAME, FORMAT_VERSION, WEIGHTS_NAME, coerce_draft_config
 from .registry import load_drafter
@@ -96,8 +97,8 @@ class Drafter(nn.Module):
         # buffer, so checkpoints carry it.  Until `set_draft_vocab` it holds the first N ids.
         n = self.cfg.vocab_size
         if n is not None and not 1 <= int(n) <= self.vocab_size:
-            raise ValueError(f"draft.vocab_size={n}: must be between 1 and the target vocabulary size "
-                             f"{self.vocab_size} (null = the full vocabulary)")
+            raise ConfigError(f"draft.vocab_size={n}: must be between 1 and the target vocabulary size "
+                              f"{self.vocab_size} (null = the full vocabulary)")
         self.out_vocab = int(n) if n is not None else self.vocab_size
         if n is not None:
             self.register_buffer("draft_vocab", torch.arange(int(n)), persistent=True)

@@ -7,7 +7,8 @@ Checkpoint format (`Drafter.save_pretrained(dir)`)
   ``mask_token_id`` (resolved), ``target`` (fingerprint, ``layer_ids``,
   ``feature_dim``, hidden/vocab size, model type), and ``shared_modules``
   naming what is referenced from the target instead of stored.
-* ``model.safetensors``: the trainable weights only.  The embedding and LM head
+* ``model.safetensors``: the trainable weights only, plus ``draft_vocab`` (int64 ``[N]``, the
+  sorted target ids the draft head scores) when ``draft.vocab_size = N``.  The embedding and LM head
   come from the target at load time, so a checkpoint is only meaningful with the
   same target: loading checks the fingerprint and refuses a different target
   unless ``allow_target_mismatch=True``; different layer ids or sizes are always
@@ -28,6 +29,7 @@ from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
 from ..config.draft import DraftConfig, LossConfig
+from ..data.vocab import ids_problem
 from ..errors import DeepSpecError
 
 log = logging.getLogger(__name__)
@@ -110,3 +112,30 @@ def check_target(saved: Dict[str, Any], target, allow_target_mismatch: bool = Fa
         if not allow_target_mismatch:
             raise DraftTargetMismatchError(msg + "; pass allow_target_mismatch=True to load it anyway")
         log.warning("%s; loading anyway (allow_target_mismatch=True)", msg)
+
+
+def saved_draft_vocab_size(meta: Dict[str, Any], state: Dict[str, torch.Tensor], full: int) -> int:
+    """How many target tokens a saved draft scores: its ``draft_vocab`` length, else the full vocabulary."""
+    if "draft_vocab" in state:
+        return int(state["draft_vocab"].numel())
+    return int((meta.get("target") or {}).get("vocab_size") or full)
+
+
+def check_draft_vocab(state: Dict[str, torch.Tensor], vocab_size: Any, target_vocab: int, where: str) -> None:
+    """Refuse (`DraftCheckpointError`, naming ``where``) saved weights whose ``draft_vocab`` does not fit
+    ``draft.vocab_size = vocab_size`` of the config next to them or the target's ``target_vocab`` tokens."""
+    ids = state.get("draft_vocab")
+    if vocab_size is None:
+        if ids is not None:
+            raise DraftCheckpointError(f"{where}: holds a draft_vocab of {ids.numel()} tokens but its config says "
+                                       "draft.vocab_size=null (the full vocabulary)")
+        return
+    if ids is None:
+        raise DraftCheckpointError(f"{where}: config says draft.vocab_size={vocab_size} but the weights hold no "
+                                   "draft_vocab (the target ids the draft head scores)")
+    if ids.dim() != 1 or ids.numel() != int(vocab_size):
+        raise DraftCheckpointError(f"{where}: draft_vocab has shape {list(ids.shape)}, config says "
+                                   f"draft.vocab_size={vocab_size}")
+    problem = ids_problem(ids.cpu().numpy(), int(target_vocab))
+    if problem:
+        raise DraftCheckpointError(f"{where}: draft_vocab: {problem}")

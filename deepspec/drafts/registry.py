@@ -16,9 +16,11 @@ import dataclasses
 import logging
 from typing import Any, Dict, List, Tuple
 
+import torch
 from torch import nn
 
-from .checkpoint import check_target, coerce_draft_config, load_weights, read_checkpoint_config
+from .checkpoint import (WEIGHTS_NAME, DraftCheckpointError, check_draft_vocab, check_target, coerce_draft_config,
+                         load_weights, read_checkpoint_config, saved_draft_vocab_size)
 
 log = logging.getLogger(__name__)
 _REGISTRY: Dict[str, Tuple[type, Dict[str, Any]]] = {}
@@ -72,11 +74,31 @@ def build_drafter(target, cfg) -> nn.Module:
     return drafter
 
 
+def count_trainable_parameters(target, cfg) -> int:
+    """Trainable parameters a drafter of ``cfg`` would have for ``target``, built on the ``meta`` device
+    (shapes only: no memory, no initialisation cost; ``cfg.init_from`` is ignored)."""
+    cfg = dataclasses.replace(effective_config(cfg), init_from=None)
+    cls, _ = _lookup(cfg.algorithm)
+    with torch.device("meta"):
+        drafter = cls(target, cfg)
+    return sum(p.numel() for p in drafter.parameters() if p.requires_grad)
+
+
 def init_weights_from(drafter: nn.Module, in_dir, target) -> List[str]:
     """Copy matching weights of a saved drafter into ``drafter``; returns the names copied."""
     meta = read_checkpoint_config(in_dir)
     check_target(meta.get("target") or {}, target, False, where=f"init_from={in_dir}")
     saved = load_weights(in_dir, str(drafter.device))
+    full = int(drafter.vocab_size)
+    n_saved, n_own = saved_draft_vocab_size(meta, saved, full), int(drafter.out_vocab)
+    if n_saved != n_own:
+        setting = {n: "null" if n == full else str(n) for n in (n_saved, n_own)}
+        raise DraftCheckpointError(
+            f"draft.init_from={in_dir}: that draft scores {n_saved} of the {full} target tokens "
+            f"(draft.vocab_size={setting[n_saved]}), this run {n_own} (draft.vocab_size={setting[n_own]}); "
+            f"train with draft.vocab_size={setting[n_saved]} to start from it")
+    check_draft_vocab(saved, (meta.get("draft") or {}).get("vocab_size"), int(drafter.vocab_size),
+                      f"draft.init_from={in_dir}/{WEIGHTS_NAME}")
     own = drafter.state_dict()
     bad = sorted(k for k in saved if k in own and saved[k].shape != own[k].shape)
     if bad:
@@ -103,8 +125,12 @@ def load_drafter(in_dir, target, allow_target_mismatch: bool = False) -> nn.Modu
         cfg = dataclasses.replace(cfg, mask_token_id=int(meta["mask_token_id"]))
     cfg = dataclasses.replace(cfg, init_from=None)   # the saved weights replace any init anyway
     check_target(meta.get("target") or {}, target, allow_target_mismatch, where=str(in_dir))
+    if cfg.vocab_size is not None and not 1 <= int(cfg.vocab_size) <= int(target.vocab_size):
+        raise DraftCheckpointError(f"draft checkpoint {in_dir}: draft.vocab_size={cfg.vocab_size} does not fit the "
+                                   f"target's {target.vocab_size}-token vocabulary")
     drafter = build_drafter(target, cfg)
     state = load_weights(in_dir, str(drafter.device))
+    check_draft_vocab(state, cfg.vocab_size, int(drafter.vocab_size), f"draft checkpoint {in_dir}/{WEIGHTS_NAME}")
     missing, unexpected = drafter.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise ValueError(f"draft checkpoint {in_dir} does not fit a {name} drafter: "

@@ -9,6 +9,9 @@ raw prompt source through ``deepspec.data``, or an explicit JSONL path), estimat
 - regeneration, capture and training time from short measured probes on the
   current device (greedy KV-cached decode, the builder's own capture batching, and a
   forward+backward of the configured drafter);
+- with ``draft.vocab_size = N``: the share of the sampled answer tokens the N most frequent
+  of them (+ the target's EOS tokens, as the trainer selects) cover, and what the draft head
+  shrinks to (target LM-head rows N of V; trainable parameters, e.g. the Markov ``W2`` r×N);
 
 print a table, and return 2 (``deepspec plan`` exits non-zero) when the estimated
 cache does not fit the free disk at the cache path.
@@ -18,6 +21,7 @@ prints the table.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -35,6 +39,8 @@ from ..cache.codecs import codec_from_config
 from ..cache.format import raw_bytes_per_token
 from ..data import DataError, fallback_id, iter_jsonl, iter_source, record_to_conversation
 from ..data.sources import column_mapping
+from ..data.vocab import REPORT_SIZES, count_answer_tokens, coverage, select_top, top_coverage
+from ..drafts.registry import count_trainable_parameters
 from ..prepare.build import encode_threads
 from ..targets import load_target
 from .probes import encode_conversations, probe_capture, probe_decode, probe_train
@@ -73,6 +79,12 @@ class Plan:
     regen_s: float = float("nan")
     capture_s: float = float("nan")
     train_s: float = float("nan")
+    vocab_size: int = 0                       # the target's
+    draft_vocab_size: Optional[int] = None    # draft.vocab_size (None: the full vocabulary)
+    vocab_coverage: float = float("nan")      # of the sampled answer tokens by the draft vocabulary
+    vocab_answer_tokens: int = 0              # sampled answer tokens the coverage was measured on
+    draft_params: int = 0                     # trainable draft parameters with draft.vocab_size
+    draft_params_full: int = 0                # ... and with the full vocabulary
     notes: List[str] = field(default_factory=list)
 
     @property
@@ -203,6 +215,8 @@ def estimate(cfg, target=None, prompts_path=None, sample_records: int = 256, pro
         notes.append(f"{assumed} of {len(items)} sampled records have no answers: "
                      f"assumed {assumed_response_tokens} response tokens per user turn")
     plan.free_bytes = _free_bytes(paths.cache_dir(cfg))
+    _draft_vocab(plan, cfg, target, [it for conv, it in zip(convs, items) if it is not None
+                                     and any(m.get("role") == "assistant" and m.get("content") for m in conv)])
     plan.raw_cache_bytes = total_tokens * plan.raw_bytes_per_token
     # capture + codec probe
     log.info("plan: capture + %s probe on %d tokens (%s)", codec.name, probe_tokens, target.device)
@@ -242,6 +256,35 @@ def estimate(cfg, target=None, prompts_path=None, sample_records: int = 256, pro
         except Exception as e:
             notes.append(f"training probe unavailable: {type(e).__name__}: {e}")
     return plan
+
+
+def _draft_vocab(plan: Plan, cfg, target, answered) -> None:
+    """Coverage of the configured draft vocabulary on the sampled answers (not on assumed ones)."""
+    V, N = int(target.vocab_size), cfg.draft.vocab_size
+    plan.vocab_size, plan.draft_vocab_size = V, (int(N) if N is not None else None)
+    if N is not None and not 1 <= int(N) <= V:
+        plan.notes.append(f"ERROR: draft.vocab_size={N} must be between 1 and the target vocabulary size {V} "
+                          "(null = the full vocabulary); training would refuse it")
+        return
+    if N is not None:
+        try:
+            plan.draft_params = count_trainable_parameters(target, cfg.draft)
+            plan.draft_params_full = count_trainable_parameters(target, dataclasses.replace(cfg.draft,
+                                                                                             vocab_size=None))
+        except Exception as e:   # a draft config the drafter refuses: the training probe reports it too
+            plan.notes.append(f"draft parameters unavailable: {type(e).__name__}: {e}")
+    counts = count_answer_tokens(({"input_ids": i, "loss_mask": m} for i, m in answered), V)
+    plan.vocab_answer_tokens = int(counts.sum())
+    if not plan.vocab_answer_tokens:
+        return
+    if N is not None:
+        plan.vocab_coverage = coverage(counts, select_top(counts, int(N), always=target.eos_token_ids))
+    else:
+        sizes = [n for n in REPORT_SIZES if n < V]
+        if sizes:
+            plan.notes.append("draft.vocab_size=null (all {:,} tokens); the N most frequent sampled answer tokens "
+                              "would cover {}".format(V, ", ".join(f"{100 * top_coverage(counts, n):.1f}% at N={n:,}"
+                                                                  for n in sizes)))
 
 
 # -- report ----------------------------------------------------------------------------------------------
@@ -295,6 +338,16 @@ def format_plan(p: Plan) -> str:
         ("capture + encode", f"{_r(p.capture_tok_s, 'tok/s')}, {_r(p.encode_mb_s, 'MB/s')} enc", _t(p.capture_s)),
         ("training", _r(p.train_anchor_s, "blocks/s"), _t(p.train_s)),
     ]
+    if p.draft_vocab_size is not None and 1 <= p.draft_vocab_size <= p.vocab_size:
+        N, V, H = p.draft_vocab_size, p.vocab_size, p.hidden_size
+        head = f"target LM-head rows {N:,}×{H} = {N / V:.1%} of {V:,}×{H}"
+        if p.draft_params_full:
+            head += (f"; trainable {p.draft_params / 1e6:,.2f}M (full vocabulary: "
+                     f"{p.draft_params_full / 1e6:,.2f}M)")
+        cov = (f"{100 * p.vocab_coverage:.2f}% of {p.vocab_answer_tokens:,} sampled answer tokens"
+               if math.isfinite(p.vocab_coverage) else "n/a (no sampled answers)")
+        rows += [("", "", ""), ("draft vocabulary", f"{N:,} of {V:,}", f"coverage {cov}"),
+                 ("draft head", "", head)]
     w0 = max(len(r[0]) for r in rows)
     w1 = max(len(r[1]) for r in rows)
     lines = ["deepspec plan", "-" * (w0 + w1 + 40)]

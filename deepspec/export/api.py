@@ -2,22 +2,26 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import shutil
 from pathlib import Path
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
 from ..config import TargetConfig
+from ..data.vocab import VocabError, load_vocab, save_vocab
 from ..drafts import DraftTargetMismatchError, load_drafter
 from ..utils.fs import atomic_dir
 from . import schemas
 from .card import model_card
 from .common import (CONFIG_NAME, PROVENANCE_NAME, WEIGHTS_NAME, ExportResult, check_output_dir, find_results,
                      has_target_source, load_target_for, read_checkpoint, read_results, write_json)
+from .draft_vocab import VOCAB_FILE, find_vocab_file, read_tensors
 from .engine_formats import ENGINE_FORMATS, Plan, target_blockers, verifier_name
 from .errors import ExportError, ExportUnsupported
 from .importers import detect_format, import_engine
@@ -154,6 +158,7 @@ def export_draft(ckpt_path, out, fmt: str, *, target_path: Optional[str] = None,
                 log.warning("%s export: %s", fmt, w)
             for d in plan.dropped:
                 log.warning("%s export: DROPPED %s", fmt, d)
+        vocab_n = write_vocab_file(tmp, ckpt, result.warnings)
         if verify and drafter is not None:
             result.verified = verify_export(tmp, fmt, drafter, target, nothing_dropped)
             log.info("%s export verified: %s", fmt, ", ".join(f"{k}={v:.2e}" for k, v in result.verified.items()))
@@ -163,6 +168,7 @@ def export_draft(ckpt_path, out, fmt: str, *, target_path: Optional[str] = None,
         (tmp / "README.md").write_text(card)
         provenance = {"format": fmt, "source_checkpoint": str(ckpt.path.resolve()), "algorithm": ckpt.algorithm,
                       "gamma": ckpt.draft.get("gamma"), "layer_ids": ckpt.layer_ids,
+                      "draft_vocab_size": vocab_n or ckpt.target.get("vocab_size"),
                       "index_convention": "deepspec: layer id i = output of decoder layer i = hidden_states[i+1]",
                       "target": {k: v for k, v in ckpt.target.items()},
                       "target_path": tcfg.path if tcfg is not None else None,
@@ -171,6 +177,34 @@ def export_draft(ckpt_path, out, fmt: str, *, target_path: Optional[str] = None,
         write_json(tmp / PROVENANCE_NAME, provenance)
         result.files = sorted(p.name for p in tmp.iterdir())
     return result
+
+
+def write_vocab_file(out: Path, ckpt, warnings: List[str]) -> Optional[int]:
+    """A pruned draft's ``draft_vocab.json`` (`deepspec.data.vocab`) in ``out``, so that the export says which
+    tokenizer its ids belong to (`deepspec check` verifies it): the run's file when it lists the checkpoint's
+    ``draft_vocab``, else one written from the checkpoint.  Returns N (None for a full-vocabulary draft)."""
+    ids = read_tensors(ckpt.weights_path(), ("draft_vocab",)).get("draft_vocab")
+    if ids is None:
+        return None
+    ids = ids.long().numpy()
+    V = int(ckpt.target.get("vocab_size") or 0)
+    tok = (ckpt.target.get("fingerprint") or {}).get("tokenizer_sha256")
+    cov, source = None, f"draft_vocab of the checkpoint {ckpt.path}"
+    run_file = find_vocab_file(ckpt.path)
+    if run_file is not None:
+        try:
+            listed = load_vocab(run_file, vocab_size=V, tokenizer_fingerprint=tok)
+        except VocabError as e:
+            warnings.append(f"ignored {e}")
+        else:
+            if np.array_equal(listed, ids):
+                rec = json.loads(run_file.read_text())
+                cov, source = rec.get("coverage"), rec.get("source") or source
+            else:
+                warnings.append(f"{run_file} lists other tokens than the checkpoint's draft_vocab (the run selected "
+                                f"again after this checkpoint?); {VOCAB_FILE} is written from the checkpoint")
+    save_vocab(out / VOCAB_FILE, ids, vocab_size=V, tokenizer_fingerprint=tok, coverage_value=cov, source=source)
+    return int(ids.size)
 
 
 def export_engine(fmt: str, drafter, target, target_cfg, out: Path, allow_drop_heads: bool = False,

@@ -45,7 +45,12 @@ def model_card(ckpt: Checkpoint, fmt: str, *, out: str, results: Optional[Dict[s
               f"| γ (block size / draft tokens per round) | {gamma} |",
               f"| draft layers | {draft.get('num_layers')} |"]
     lines += [f"| {k} | {v} |" for k, v in exporter.draft_rows(ckpt.algorithm, draft)]
-    lines += [f"| mask token id | {meta.get('mask_token_id')} |", ""]
+    lines += [f"| mask token id | {meta.get('mask_token_id')} |"]
+    if draft.get("vocab_size") is not None:
+        lines.append(f"| draft vocabulary | {draft['vocab_size']} of {tgt.get('vocab_size')} target tokens (the most "
+                     "frequent answer tokens; `draft_vocab.json`" + ("" if fmt == "hf" else ", `d2t` / `t2d`")
+                     + "); probability 0 elsewhere, verification stays exact |")
+    lines.append("")
     lines += ["## Target", "", "| field | value |", "|---|---|",
               f"| path | `{tpath}` |", f"| model type | {tgt.get('model_type')} |",
               f"| hidden size | {tgt.get('hidden_size')} |", f"| vocab size | {tgt.get('vocab_size')} |",

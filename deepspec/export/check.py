@@ -6,6 +6,11 @@ Checks, each reported with what it means for serving:
   against the ones the draft checkpoint recorded at training time;
 * layer ids, hidden size, vocabulary size and feature width;
 * the mask token is inside the vocabulary;
+* a reduced draft vocabulary (``draft.vocab_size = N``): the checkpoint's ``draft_vocab`` or the
+  export's ``draft_vocab_size`` / ``d2t`` / ``t2d`` are consistent (ids in range, strictly
+  increasing, d2t and t2d agree, ``draft_vocab_size`` = len(d2t)), the exported ``lm_head`` rows
+  are the target's on those tokens, and the vocabulary was selected with this tokenizer (its
+  ``draft_vocab.json`` — next to the draft or in the run directory — else the recorded hash);
 * the chat template rendered the way training did (``target.encode_chat`` of the whole
   conversation, with the training run's template switches) against the way an
   OpenAI-compatible server does (``tokenizer.apply_chat_template(messages before the
@@ -28,12 +33,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
+import numpy as np
+import torch
 import yaml
 
 from ..config import ConfigError
+from ..data.vocab import VocabError, load_vocab
 from ..targets import load_target
 from ..targets.chat import encode_chat, encode_prompt
-from .common import CONFIG_NAME, PROVENANCE_NAME, RUN_YAML, Checkpoint, resolve_target_config, target_overrides
+from .common import (CONFIG_NAME, PROVENANCE_NAME, RUN_YAML, WEIGHTS_NAME, Checkpoint, resolve_target_config,
+                     target_overrides)
+from .draft_vocab import find_vocab_file, lm_head_rows, read_mapping, read_tensors
 from .errors import ExportError
 from .registry import exporter_for
 
@@ -103,7 +113,8 @@ def _recorded(path: Path) -> Dict[str, Any]:
         run = yaml.safe_load((path / RUN_YAML).read_text())
     if "architecture" in cfg and "target" in cfg:
         return {"target": cfg["target"], "mask_token_id": cfg.get("mask_token_id"),
-                "algorithm": cfg["architecture"], "run": run, "engine_layer_ids": None}
+                "algorithm": cfg["architecture"], "run": run, "engine_layer_ids": None, "config": cfg,
+                "source_checkpoint": None}
     prov_path = path / PROVENANCE_NAME
     if not prov_path.is_file():
         raise ExportError(f"{path}: neither a deepspec checkpoint nor a `deepspec export` output "
@@ -111,7 +122,8 @@ def _recorded(path: Path) -> Dict[str, Any]:
     prov = json.loads(prov_path.read_text())
     engine_ids, mask = exporter_for(str(prov.get("algorithm"))).recorded_layer_ids(str(prov.get("format")), cfg)
     return {"target": prov.get("target") or {}, "mask_token_id": mask,
-            "algorithm": prov.get("algorithm"), "run": run, "engine_layer_ids": engine_ids}
+            "algorithm": prov.get("algorithm"), "run": run, "engine_layer_ids": engine_ids, "config": cfg,
+            "source_checkpoint": prov.get("source_checkpoint")}
 
 
 # -- chat rendering ------------------------------------------------------------------------------------------
@@ -225,6 +237,7 @@ def check_draft(path, target, conversations: Optional[List[List[Dict[str, str]]]
                    f"id {mask} ({target.tokenizer.convert_ids_to_tokens(int(mask))!r})"
                    if 0 <= int(mask) < int(target.vocab_size) else
                    f"id {mask} is outside the target vocabulary ({target.vocab_size})")
+    _check_vocabulary(report, path, rec, target)
     train_kw = _training_template_kwargs(rec["run"], target)
     server_kw = dict(target.chat_template_kwargs) if server_template_kwargs is None else dict(server_template_kwargs)
     for c, conv in enumerate(conversations or DEFAULT_CONVERSATIONS):
@@ -243,6 +256,49 @@ def check_draft(path, target, conversations: Optional[List[List[Dict[str, str]]]
                        f"(id {d['server_id']}); the draft will see a context at serving that it never saw in "
                        f"training (template kwargs: training {train_kw}, server {server_kw})", **d)
     return report
+
+
+def _check_vocabulary(report: CheckReport, path: Path, rec: Dict[str, Any], target) -> None:
+    """The "draft vocabulary" finding of a draft with a reduced vocabulary (none for a full one)."""
+    V = int(target.vocab_size)
+    ids, problems = read_mapping(path, rec["config"], V)
+    if ids is None and not problems:
+        return
+    if ids is not None:
+        try:     # an export's lm_head must be the target's rows of the draft vocabulary
+            head = read_tensors(path / WEIGHTS_NAME, ("lm_head.weight",)).get("lm_head.weight")
+        except Exception:
+            head = None      # unreadable weights were reported by read_mapping
+        want = lm_head_rows(target, ids)
+        if head is not None and head.shape == want.shape and not torch.equal(head, want.to(head.dtype)):
+            problems.append(f"{path / WEIGHTS_NAME} lm_head.weight is not this target's LM head on the "
+                            "draft vocabulary (d2t): the draft would score other vectors than in training")
+    have_tok = target.fingerprint().get("tokenizer_sha256")
+    vocab_file = find_vocab_file(path, rec.get("source_checkpoint"))
+    made_with = ""
+    if vocab_file is not None:
+        try:
+            listed = load_vocab(vocab_file, vocab_size=V, tokenizer_fingerprint=have_tok)
+            if ids is not None and not np.array_equal(listed, ids.numpy()):
+                problems.append(f"{vocab_file} lists other tokens than the draft holds: the draft was not trained "
+                                "on this vocabulary file's selection")
+            made_with = f"; {vocab_file} was made with this tokenizer"
+        except VocabError as e:
+            problems.append(str(e))
+    else:
+        want_tok = ((rec["target"] or {}).get("fingerprint") or {}).get("tokenizer_sha256")
+        if want_tok and have_tok and want_tok != have_tok:
+            problems.append(f"the draft vocabulary was selected with another tokenizer ({want_tok[:12]}… vs "
+                            f"{have_tok[:12]}…): its token ids mean other strings for this target")
+        made_with = "; selected with this tokenizer (recorded hash; no draft_vocab.json found)" if want_tok else ""
+    if problems:
+        report.add("draft vocabulary", False, " | ".join(problems) + " — re-export from the training checkpoint, or "
+                   "serve a draft trained with draft.vocab_size=null")
+        return
+    eos = sorted(int(t) for t in target.eos_token_ids if not bool((ids == int(t)).any()))
+    note = (f"; lacks the end-of-turn/EOS id(s) {eos}: the draft never proposes the end of an answer" if eos else "")
+    report.add("draft vocabulary", True, f"{ids.numel()} of {V} target tokens, mapping consistent{made_with}{note}",
+               draft_vocab_size=int(ids.numel()), vocab_file=str(vocab_file) if vocab_file else None)
 
 
 def build_parser() -> argparse.ArgumentParser:

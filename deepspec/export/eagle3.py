@@ -6,9 +6,11 @@ engines' EAGLE-3 layer (see `deepspec.drafts.eagle3`), so the export is a renami
 (`deepspec.export.mapping.eagle3_table`) plus what the engines keep and we share with the
 target:
 
-* ``lm_head.weight`` — the target's LM head (``draft_vocab_size`` = the full vocabulary);
-* ``d2t`` (int64, ``[V]``, zeros) and ``t2d`` (bool, ``[V]``, all true) — the identity
-  draft→target vocabulary map in the EAGLE repo's convention (target id = draft id + d2t);
+* ``lm_head.weight`` — the target's LM head, ``[V, H]``; for a reduced draft vocabulary
+  (``draft.vocab_size = N``) its rows of the N draft tokens, ``[N, H]``, and ``draft_vocab_size = N``;
+* ``d2t`` (int64, ``[draft_vocab_size]``) and ``t2d`` (bool, ``[V]``) — the draft→target
+  vocabulary map in the EAGLE repo's convention (target id = draft id + d2t): zeros / all true for
+  the full vocabulary (`deepspec.export.draft_vocab`);
 * no ``embed_tokens.weight``: both engines use the target's embedding for an EAGLE-3 draft
   of the target's width (vLLM skips the key when absent, SGLang ``set_embed``).
 
@@ -24,8 +26,8 @@ Sources: vLLM ``vllm/model_executor/models/llama_eagle3.py`` (``LlamaDecoderLaye
 ours          vLLM (speculators ``eagle3``)               SGLang (``LlamaForCausalLMEagle3``)
 ============  =========================================  ==========================================
 eagle3        speculators ``eagle3``: ``layers.0.*``,     ``LlamaForCausalLMEagle3``: ``midlayer.*``,
- engine       ``fc``, ``norm``, target ``lm_head``,        ``fc``, ``norm``, target ``lm_head``,
- layout       identity ``d2t``/``t2d``                     identity ``d2t``/``t2d``
+ engine       ``fc``, ``norm``, target ``lm_head`` (rows  ``fc``, ``norm``, target ``lm_head`` (rows
+ layout       of the draft vocabulary), ``d2t``/``t2d``    of the draft vocabulary), ``d2t``/``t2d``
 eagle3        refused: ``in_proj``, q/k norm and any      refused (same reasons)
  native       number of feature layers have no engine
               counterpart (train with
@@ -53,6 +55,7 @@ import torch
 
 from ..config.draft import DraftConfig
 from . import mapping, schemas
+from .draft_vocab import draft_ids, engine_vocab_tensors, ids_from_engine, lm_head_rows, place, without_vocab_keys
 from .engine_formats import ENGINE_FORMATS, ENGINE_NAMES, Plan, dtype_name, layer_config, speculators_block
 from .errors import ExportUnsupported, ImportUnsupported
 from .importers import build_and_load, check_sizes
@@ -148,7 +151,7 @@ class Eagle3Exporter(Exporter):
     def engine_config(self, fmt, drafter, target, target_cfg, plan, dtype) -> Dict[str, Any]:
         layer = llama_layer_config(drafter, target)
         ids = [int(i) for i in target.layer_ids]
-        vocab = int(target.vocab_size)
+        vocab = int(drafter.out_vocab)             # the draft vocabulary (= target's unless draft.vocab_size)
         dt = {"torch_dtype": dtype_name(dtype), "dtype": dtype_name(dtype)}
         if fmt == "vllm":
             return {
@@ -172,13 +175,15 @@ class Eagle3Exporter(Exporter):
         }
 
     def engine_weights(self, fmt, drafter, target, plan) -> Dict[str, torch.Tensor]:
-        """The EAGLE-3 layer under ``fmt``'s names, the target's LM head and the identity d2t / t2d."""
+        """The EAGLE-3 layer under ``fmt``'s names, the target's LM head (its rows of the draft vocabulary)
+        and d2t / t2d (identity for the full vocabulary)."""
         _check_feature_order(target)
-        out = mapping.to_engine(drafter.state_dict(), table=mapping.eagle3_table(fmt))
+        state = {k: v for k, v in drafter.state_dict().items() if k != "draft_vocab"}
+        out = mapping.to_engine(state, table=mapping.eagle3_table(fmt))
         vocab = int(target.vocab_size)
-        out["lm_head.weight"] = target.lm_head.weight.detach().to("cpu").clone().contiguous()
-        out["d2t"] = torch.zeros(vocab, dtype=torch.int64)
-        out["t2d"] = torch.ones(vocab, dtype=torch.bool)
+        ids = draft_ids(drafter)
+        out["lm_head.weight"] = lm_head_rows(target, ids)
+        out.update(engine_vocab_tensors(torch.arange(vocab) if ids is None else ids, vocab))
         return out
 
     # -- import ------------------------------------------------------------------------------------------
@@ -209,8 +214,8 @@ class Eagle3Exporter(Exporter):
             raise ImportUnsupported(f"{where}: target_hidden_size {cfg['target_hidden_size']} != draft hidden_size "
                                     f"{layer.get('hidden_size')}; deepspec's engine layout has the target's width")
         schemas.check(cfg, self.schemas[fmt][0])           # 3 layer ids, Llama layer fields, one layer
-        check_sizes(where, layer, target, aux, int(cfg["draft_vocab_size"]))
-        _check_shared(where, weights, target)
+        check_sizes(where, layer, target, aux)
+        vocab_ids = ids_from_engine(where, int(cfg["draft_vocab_size"]), weights, target)   # d2t/t2d, lm_head
         gamma = DraftConfig().gamma                         # SGLang takes the draft length from its server args
         if fmt == "vllm":
             gamma = int(cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"])
@@ -218,10 +223,12 @@ class Eagle3Exporter(Exporter):
                            intermediate_size=int(layer["intermediate_size"]),
                            num_attention_heads=int(layer["num_attention_heads"]),
                            num_key_value_heads=int(layer["num_key_value_heads"]), head_dim=int(layer["head_dim"]),
-                           sequential_head="none", confidence_head=False)
-        layer_weights = {k: v for k, v in weights.items() if k not in ("d2t", "t2d")}      # checked above
-        return build_and_load(where, layer, target, dcfg,
-                              mapping.from_engine(layer_weights, mapping.eagle3_table(fmt)))
+                           sequential_head="none", confidence_head=False,
+                           vocab_size=None if vocab_ids is None else int(vocab_ids.numel()))
+        ours = mapping.from_engine(without_vocab_keys(weights), mapping.eagle3_table(fmt))    # checked above
+        if vocab_ids is not None:
+            ours["draft_vocab"] = vocab_ids
+        return build_and_load(where, layer, target, dcfg, ours)
 
     def recorded_layer_ids(self, fmt, cfg) -> Tuple[Optional[List[int]], Optional[int]]:
         if fmt == "vllm":        # vLLM ids = ours + 1
@@ -240,6 +247,7 @@ class Eagle3Exporter(Exporter):
             return {"reimport_max_abs_diff": max_abs_diff(old, new)}, new
         S, T = min(old.shape[1], new.shape[1]), new.shape[2]       # the engine formats carry γ, not ttt_steps
         old_s, new_s = old[:, :S], new[:, :S]
+        ids = draft_ids(reimported)
         inside = (torch.arange(T).view(1, T) + torch.arange(S).view(S, 1)) <= T - 2     # x_{r+1+j} exists
         got = {"reimport_max_abs_diff": max_abs_diff(old_s[0][inside], new_s[0][inside])}
         eng = EngineEagle3.from_dir(out)
@@ -252,7 +260,7 @@ class Eagle3Exporter(Exporter):
         for r in sorted({0, T // 2, T - 2}):
             steps = min(S, T - 1 - r)
             ref = eng.chain_logits(batch["features"][0], batch["input_ids"][0], r, steps, embed)
-            diffs.append(max_abs_diff(ref, new_s[0, :steps, r]))
+            diffs.append(max_abs_diff(ref, place(new_s[0, :steps, r], ids, int(target.vocab_size))))
         got["reference_max_abs_diff"] = max(diffs)
         return got, new
 
@@ -298,20 +306,3 @@ def llama_layer_config(drafter, target) -> Dict[str, Any]:
         cfg.pop(key, None)
     cfg.update(model_type="llama", mlp_bias=False, tie_word_embeddings=False)
     return cfg
-
-
-def _check_shared(where: str, weights: Dict[str, torch.Tensor], target) -> None:
-    """d2t / t2d must be the identity; lm_head / embed_tokens, when present, the target's own."""
-    vocab = int(target.vocab_size)
-    d2t, t2d = weights.get("d2t"), weights.get("t2d")
-    if d2t is not None and (d2t.numel() != vocab or bool(d2t.any())):
-        raise ImportUnsupported(f"{where}: d2t is not the identity map over the {vocab}-token vocabulary; reduced or "
-                                "permuted draft vocabularies have no deepspec equivalent")
-    if t2d is not None and (t2d.numel() != vocab or not bool(t2d.bool().all())):
-        raise ImportUnsupported(f"{where}: t2d does not keep every target token; reduced draft vocabularies have no "
-                                "deepspec equivalent")
-    for key, module in (("lm_head.weight", target.lm_head), ("embed_tokens.weight", target.embed_tokens)):
-        w = weights.get(key)
-        if w is not None and not torch.equal(w, module.weight.detach().to("cpu", w.dtype)):
-            raise ImportUnsupported(f"{where}: {key} differs from the target's; deepspec drafters share the target's "
-                                    "embedding and LM head")

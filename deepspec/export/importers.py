@@ -44,15 +44,16 @@ def rope_theta(layer: Dict[str, Any]) -> float:
     return float(t if t is not None else 10000.0)
 
 
-def check_sizes(where: str, layer: Dict[str, Any], target, our_layer_ids, vocab: int) -> None:
-    """Layer ids, vocabulary and width of an engine draft against ``target`` (ImportUnsupported if off)."""
+def check_sizes(where: str, layer: Dict[str, Any], target, our_layer_ids) -> None:
+    """Layer ids, vocabulary and width of an engine draft against ``target`` (ImportUnsupported if off).
+    A reduced draft vocabulary (``draft_vocab_size`` / ``d2t``) is `deepspec.export.draft_vocab.ids_from_engine`'s."""
     if list(our_layer_ids) != list(target.layer_ids):
         raise ImportUnsupported(f"{where}: the draft reads target layers {list(our_layer_ids)} (deepspec convention: "
                                 f"decoder-layer outputs) but the target is configured with {list(target.layer_ids)}; "
                                 f"load the target with target.layer_ids={list(our_layer_ids)}")
-    if vocab != int(target.vocab_size) or int(layer["vocab_size"]) != int(target.vocab_size):
-        raise ImportUnsupported(f"{where}: draft vocabulary {vocab} != target vocabulary {target.vocab_size}; "
-                                "reduced draft vocabularies (d2t/t2d) have no deepspec equivalent")
+    if int(layer["vocab_size"]) != int(target.vocab_size):
+        raise ImportUnsupported(f"{where}: vocab_size {layer['vocab_size']} != target vocabulary {target.vocab_size} "
+                                "(the draft embeds target tokens)")
     if int(layer["hidden_size"]) != int(target.hidden_size):
         raise ImportUnsupported(f"{where}: draft hidden_size {layer['hidden_size']} != target hidden_size "
                                 f"{target.hidden_size}")

@@ -14,6 +14,8 @@ dspark rnn    refused (vLLM serves ``vanilla`` only);     yes
               ``--allow-drop-heads`` → backbone only
 conf head     refused: no way to carry its own W1;        refused (no Markov head)
  w/o seq head ``--allow-drop-heads`` → backbone only
+draft.vocab_  ``draft_vocab_size = N``, ``d2t`` / ``t2d``,   refused: SGLang's DSpark scores with the
+ size = N     target ``lm_head`` rows, ``markov_w2`` [N, r]  target's full head, reads no ``d2t``
 ============  =========================================  ==========================================
 
 Block convention: our block anchored at p is ``[x_p, MASK×(γ−1)]`` at positions
@@ -54,6 +56,7 @@ import torch
 
 from ..config.draft import DraftConfig
 from . import mapping, schemas
+from .draft_vocab import draft_ids, engine_vocab_tensors, ids_from_engine, lm_head_rows, place, without_vocab_keys
 from .engine_formats import ENGINE_FORMATS, ENGINE_NAMES, Plan, dtype_name, layer_config, speculators_block
 from .errors import ExportUnsupported, ImportUnsupported
 from .importers import build_and_load, check_sizes
@@ -162,6 +165,13 @@ class ParallelExporter(Exporter):
                 plan.warnings.append("the confidence head is written (speculators carries it) but vLLM does not use "
                                      "it at inference; confidence-scheduled verification needs deepspec's own engine")
         else:
+            if draft.get("vocab_size") is not None:
+                raise ExportUnsupported(
+                    f"SGLang cannot serve this draft: it scores a reduced draft vocabulary (draft.vocab_size="
+                    f"{draft['vocab_size']}), and SGLang's DSpark model (models/dspark.py) has no place for one — it "
+                    "computes the base logits with the target's full LM head (the checkpoint's lm_head.* is "
+                    "skipped), builds markov_w2 over the full vocab_size and reads no d2t. Nothing was written; use "
+                    "--to vllm (the speculators format carries d2t/t2d) or train with draft.vocab_size=null.")
             if seq == "none":
                 raise ExportUnsupported(
                     "SGLang cannot serve this draft: it has no sequential head, and SGLang's DSpark model "
@@ -189,7 +199,7 @@ class ParallelExporter(Exporter):
                 # sample_from_anchor=True: all block_size slots are proposals
                 "speculators_config": speculators_block("dspark", g, target, target_cfg),
                 "transformer_layer_config": layer,
-                "draft_vocab_size": int(target.vocab_size),
+                "draft_vocab_size": int(drafter.out_vocab),     # < vocab_size: d2t/t2d + lm_head rows written
                 "block_size": g,
                 "target_hidden_size": None if int(target.hidden_size) == layer["hidden_size"]
                 else int(target.hidden_size),
@@ -209,7 +219,17 @@ class ParallelExporter(Exporter):
         }
 
     def engine_weights(self, fmt, drafter, target, plan: ParallelPlan) -> Dict[str, torch.Tensor]:
-        return mapping.to_engine(drafter.state_dict(), drop_parts=plan.drop_parts)
+        """Our weights under the engine names; for a reduced draft vocabulary (vLLM only, `analyze` refuses
+        SGLang) also the target's LM-head rows ``lm_head.weight`` [N, H] and ``d2t`` / ``t2d``
+        (`deepspec.export.draft_vocab`): vLLM's DSpark/DFlash models load the draft's own head when
+        ``draft_vocab_size`` differs from the target's and map draft ids through ``d2t``."""
+        state = {k: v for k, v in drafter.state_dict().items() if k != "draft_vocab"}
+        out = mapping.to_engine(state, drop_parts=plan.drop_parts)
+        ids = draft_ids(drafter)
+        if ids is not None:
+            out["lm_head.weight"] = lm_head_rows(target, ids)
+            out.update(engine_vocab_tensors(ids, int(target.vocab_size)))
+        return out
 
     # -- import ------------------------------------------------------------------------------------------
     def reads(self, fmt, cfg) -> bool:
@@ -226,7 +246,7 @@ class ParallelExporter(Exporter):
                           markov_rank=int(cfg["markov_rank"]), head_type=str(cfg["markov_head_type"]),
                           conf=bool(cfg.get("enable_confidence_head")),
                           conf_with_markov=bool(cfg.get("confidence_head_with_markov")),
-                          vocab=int(cfg["vocab_size"]), weights=weights)
+                          vocab=cfg.get("draft_vocab_size"), weights=weights)
         kind = cfg.get("speculators_model_type")
         if not cfg.get("sample_from_anchor", kind == "dspark"):
             raise ImportUnsupported(f"{path}: sample_from_anchor is false (block slot k predicts anchor+k, slot 0 "
@@ -245,7 +265,7 @@ class ParallelExporter(Exporter):
                       head_type=str(cfg.get("markov_head_type") or "vanilla"),
                       conf=bool(cfg.get("enable_confidence_head")),
                       conf_with_markov=bool(cfg.get("confidence_head_with_markov")),
-                      vocab=int(cfg.get("draft_vocab_size") or layer["vocab_size"]), weights=weights)
+                      vocab=cfg.get("draft_vocab_size"), weights=weights)
 
     def recorded_layer_ids(self, fmt, cfg) -> Tuple[Optional[List[int]], Optional[int]]:
         if fmt == "vllm":        # vLLM ids = ours + 1
@@ -276,7 +296,8 @@ class ParallelExporter(Exporter):
             anchors = [int(a) for a in batch["anchors"][0]]
             eng_logits, eng_conf = eng.block_logits(batch["features"][0].float(), batch["input_ids"][0], anchors,
                                                     embed, lm_logits)
-            got["reference_max_abs_diff"] = max_abs_diff(eng_logits, new["logits"][0])
+            ours = place(new["logits"][0], draft_ids(reimported), int(target.vocab_size))   # the engines' −inf
+            got["reference_max_abs_diff"] = max_abs_diff(eng_logits, ours)
             if eng_conf is not None and new["confidence"] is not None:
                 got["reference_confidence_max_abs_diff"] = max_abs_diff(eng_conf, new["confidence"][0])
         return got, new["logits"]
@@ -308,10 +329,12 @@ class ParallelExporter(Exporter):
 
 
 def _build(where: str, layer: Dict[str, Any], target, *, our_layer_ids, block_size: int, mask: int,
-           markov_rank: int, head_type: str, conf: bool, conf_with_markov: bool, vocab: int,
+           markov_rank: int, head_type: str, conf: bool, conf_with_markov: bool, vocab: Optional[int],
            weights: Dict[str, torch.Tensor]):
-    """The parallel drafter an engine DSpark/DFlash config describes, holding its weights."""
-    check_sizes(where, layer, target, our_layer_ids, vocab)
+    """The parallel drafter an engine DSpark/DFlash config describes, holding its weights (``vocab``: its
+    ``draft_vocab_size``, None = the target's)."""
+    check_sizes(where, layer, target, our_layer_ids)
+    ids = ids_from_engine(where, vocab, weights, target)
     if markov_rank > 0 and head_type not in ("vanilla", "rnn"):
         raise ImportUnsupported(f"{where}: markov_head_type={head_type!r} has no deepspec equivalent "
                                 "(deepspec has markov = 'vanilla' and rnn)")
@@ -325,5 +348,9 @@ def _build(where: str, layer: Dict[str, Any], target, *, our_layer_ids, block_si
                       num_attention_heads=int(layer["num_attention_heads"]),
                       num_key_value_heads=int(layer["num_key_value_heads"]), head_dim=int(layer["head_dim"]),
                       sequential_head=seq, head_rank=int(markov_rank) if markov_rank else 256,
-                      confidence_head=bool(conf), mask_token_id=int(mask))
-    return build_and_load(where, layer, target, cfg, mapping.from_engine(weights))
+                      confidence_head=bool(conf), mask_token_id=int(mask),
+                      vocab_size=None if ids is None else int(ids.numel()))
+    ours = mapping.from_engine(without_vocab_keys(weights))
+    if ids is not None:
+        ours["draft_vocab"] = ids
+    return build_and_load(where, layer, target, cfg, ours)

@@ -7,8 +7,11 @@ block's own, q/k RMSNorm per head, rotate-half RoPE at absolute positions, block
 ``[anchor, mask…]`` attending to context positions < anchor and to the whole block),
 ``DSparkDraftModel.forward`` (Markov bias on ``norm(hidden)``; slot k is conditioned on
 the token at position anchor+k when ``sample_from_anchor``), and SGLang's
-``models/dflash.py`` / ``models/dspark.py`` (same math).  Used to check that what we
-write computes what our drafter computes, by a second implementation.
+``models/dflash.py`` / ``models/dspark.py`` (same math).  A reduced draft vocabulary is
+vLLM's ``Qwen3DSparkForCausalLM``: draft logits from the checkpoint's own ``lm_head.weight``
+``[N, H]`` plus the Markov bias (``markov_w2`` ``[N, r]``) in draft space, placed at the target
+ids ``arange(N) + d2t`` with −inf elsewhere.  Used to check that what we write computes what
+our drafter computes, by a second implementation.
 """
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ class EngineDraft:
     def __init__(self, layer: Dict, weights: Dict[str, torch.Tensor], *, block_size: int, mask_token_id: int,
                  markov_rank: int, markov_head_type: str, confidence: bool, confidence_with_markov: bool):
         self.c = layer
-        self.w = {k: v.float() for k, v in weights.items()}
+        self.w = {k: (v.float() if v.is_floating_point() else v) for k, v in weights.items()}
         self.block_size = int(block_size)
         self.mask_token_id = int(mask_token_id)
         self.markov_rank = int(markov_rank)
@@ -129,9 +132,20 @@ class EngineDraft:
         g = self.block_size
         for p in anchors:
             hn = self.hidden(features, int(tokens[p]), int(p), embed)
-            logits = lm_logits(hn).float()
+            # the draft's own head when it has one (a reduced vocabulary), else the target's shared one
+            logits = hn @ self.w["lm_head.weight"].t() if "lm_head.weight" in self.w else lm_logits(hn).float()
             bias, conf = self.heads(hn, tokens[p:p + g].long())
-            outs.append(logits if bias is None else logits + bias)
+            outs.append(self.to_target(logits if bias is None else logits + bias))
             if conf is not None:
                 confs.append(conf)
         return torch.stack(outs), (torch.stack(confs) if confs else None)
+
+    def to_target(self, logits: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary logits [.., N] at target ids ``arange(N) + d2t`` of [.., vocab_size], −inf elsewhere
+        (vLLM ``compute_logits``); unchanged without ``d2t``."""
+        d2t = self.w.get("d2t")
+        if d2t is None:
+            return logits
+        out = logits.new_full((*logits.shape[:-1], int(self.c["vocab_size"])), float("-inf"))
+        out[..., torch.arange(d2t.numel()) + d2t.long()] = logits
+        return out

@@ -27,5 +27,11 @@ def rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
 
 
 def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    """max |a − b| in fp32 on the CPU."""
-    return float((a.float().cpu() - b.float().cpu()).abs().max())
+    """max |a − b| in fp32 on the CPU; equal infinities (the −inf of tokens outside a draft vocabulary)
+    count as equal, an infinity against a finite value or a NaN as an infinite difference."""
+    a, b = a.float().cpu(), b.float().cpu()
+    if a.shape != b.shape:
+        return float("inf")
+    d = (a - b).abs()
+    d = torch.where(torch.isinf(a) & (a == b), torch.zeros_like(d), d)
+    return float(torch.nan_to_num(d, nan=float("inf")).max()) if d.numel() else 0.0

@@ -134,20 +134,24 @@ class TargetAdapter:
 
     def head_weight(self, dtype: Optional[torch.dtype] = None, rows: Optional[torch.Tensor] = None) -> torch.Tensor:
         """The (frozen) LM head weight, or a cached copy of its ``rows`` (a draft vocabulary) cast to
-        ``dtype`` (bf16 matmuls under autocast would otherwise cast the whole [V, H] head every call)."""
+        ``dtype`` (bf16 matmuls under autocast would otherwise cast the whole [V, H] head every call).
+        Cached copies are matched by the rows' values (a tensor address can be reused by another
+        drafter's vocabulary once the first is freed)."""
         w = self.lm_head.weight
         if (dtype is None or dtype == w.dtype) and rows is None:
             return w
-        key = (dtype, w.device, w.data_ptr(), w._version,
-               None if rows is None else (rows.data_ptr(), rows._version, rows.numel()))
-        cache = self.__dict__.setdefault("_head_casts", {})
-        if key not in cache:
-            with torch.no_grad():
-                sub = w.detach() if rows is None else w.detach().index_select(0, rows.to(w.device))
-                if len(cache) >= 4:
-                    cache.clear()
-                cache[key] = sub.to(dtype or w.dtype)
-        return cache[key]
+        key = (dtype, w.device, w.data_ptr(), w._version, None if rows is None else rows.numel())
+        cache = self.__dict__.setdefault("_head_casts", [])
+        for k, r, sub in cache:
+            if k == key and (rows is None or torch.equal(r, rows.to(r.device))):
+                return sub
+        with torch.no_grad():
+            r = None if rows is None else rows.detach().to(w.device).clone()
+            sub = (w.detach() if rows is None else w.detach().index_select(0, r)).to(dtype or w.dtype)
+        if len(cache) >= 4:
+            cache.clear()
+        cache.append((key, r, sub))
+        return sub
 
     def logits_from_hidden(self, hidden: torch.Tensor, dtype: Optional[torch.dtype] = None,
                            rows: Optional[torch.Tensor] = None) -> torch.Tensor:

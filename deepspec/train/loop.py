@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
+import numpy as np
 import torch
 
 from deepspec import paths
@@ -147,23 +148,41 @@ class Trainer:
 
     def _install_draft_vocab(self) -> None:
         """draft.vocab_size = N: the N most frequent answer tokens of the training split (plus the
-        target's EOS tokens), the same on every rank; written to run_dir/draft_vocab.json.  A
-        vocabulary copied by draft.init_from (anything but the placeholder 0..N-1) is kept."""
+        target's EOS tokens), the same on every rank; written to run_dir/draft_vocab.json.  With
+        draft.init_from (a draft of the same vocabulary size, `init_weights_from` checks) its vocabulary
+        is kept — its weights were trained on it — and a difference from this split's selection is logged."""
         d = self.drafter
-        if self.cfg.draft.init_from and not torch.equal(d.draft_vocab.cpu(), torch.arange(d.out_vocab)):
-            log.info("draft vocabulary of %d tokens taken from draft.init_from", d.out_vocab)
-            return
         tokens = getattr(self.source, "tokens", self.source.__getitem__)
         counts = count_answer_tokens((tokens(i) for i in self.train_idx), d.vocab_size)
-        ids = select_top(counts, d.out_vocab, always=self.target.eos_token_ids)
-        d.set_draft_vocab(ids)
-        cov = coverage(counts, ids)
+        selected = select_top(counts, d.out_vocab, always=self.target.eos_token_ids)
+        source = f"top-{d.out_vocab} answer tokens of {len(self.train_idx)} training sequences"
+        if self.cfg.draft.init_from:
+            ids = d.draft_vocab.cpu().numpy()
+            source = f"kept from draft.init_from={self.cfg.draft.init_from}"
+            cov, cov_sel = coverage(counts, ids), coverage(counts, selected)
+            differ = int(np.setdiff1d(selected, ids).size)
+            if differ:
+                log.warning("draft vocabulary kept from draft.init_from=%s: %d of its %d tokens differ from the "
+                            "top-%d of this training split (coverage %.2f%% kept vs %.2f%% re-selected); the "
+                            "init_from weights were trained on their own vocabulary, so it is kept",
+                            self.cfg.draft.init_from, differ, d.out_vocab, d.out_vocab, 100 * cov, 100 * cov_sel)
+            else:
+                log.info("draft vocabulary kept from draft.init_from=%s (the same as this training split selects)",
+                         self.cfg.draft.init_from)
+        else:
+            ids = selected
+            d.set_draft_vocab(ids)
+            cov = coverage(counts, ids)
+        missing_eos = sorted(set(int(t) for t in self.target.eos_token_ids) - set(int(t) for t in ids))
+        if missing_eos:
+            log.warning("draft vocabulary lacks the target's end-of-turn/EOS token(s) %s: the draft can never "
+                        "propose the end of an answer", missing_eos)
         log.info("draft vocabulary: %d of %d target tokens cover %.2f%% of the training answer tokens",
                  d.out_vocab, d.vocab_size, 100 * cov)
         if self.env.is_main:
             save_vocab(self.run_dir / "draft_vocab.json", ids, vocab_size=d.vocab_size,
                        tokenizer_fingerprint=self.target.fingerprint()["tokenizer_sha256"], coverage_value=cov,
-                       source=f"top-{d.out_vocab} answer tokens of {len(self.train_idx)} training sequences")
+                       source=source)
 
     def _banner(self) -> str:
         tc, env = self.cfg.train, self.env

@@ -123,3 +123,26 @@ def test_draft_vocabulary_selected_from_the_training_split(cached):
         rows = [json.loads(x) for x in (tmp / mode / "metrics.jsonl").read_text().splitlines()]
         cov = [r["eval/vocab_coverage"] for r in rows if "eval/vocab_coverage" in r]
         assert cov and 0 < cov[-1] <= 1
+
+
+def test_init_from_keeps_its_draft_vocabulary_and_logs_the_difference(cached, caplog):
+    """draft.init_from a draft of the same vocabulary size: its vocabulary is kept (its weights were trained on
+    it), written to run_dir/draft_vocab.json, and a difference from the split's own selection is logged."""
+    import logging
+    from deepspec.data.vocab import load_vocab
+    from deepspec.drafts import load_drafter
+    tmp, cfg, target = cached
+    N = 64
+    init = build_drafter(target, load_config(overrides(tmp, **{"draft.vocab_size": N})).draft)
+    ids = torch.arange(100, 100 + N)                       # not what the training split would select
+    init.set_draft_vocab(ids)
+    init_dir = init.save_pretrained(tmp / "init_vocab")
+    with caplog.at_level(logging.INFO, logger="deepspec.train.loop"):
+        ckpt = run(load_config(overrides(tmp, run_dir=str(tmp / "vocab_init"),
+                                         **{"draft.vocab_size": N, "draft.init_from": str(init_dir)})))
+    assert load_drafter(ckpt, target).draft_vocab.tolist() == ids.tolist()
+    saved = json.loads((tmp / "vocab_init" / "draft_vocab.json").read_text())
+    assert saved["ids"] == ids.tolist() and "draft.init_from" in saved["source"]
+    assert load_vocab(tmp / "vocab_init" / "draft_vocab.json", vocab_size=target.vocab_size).tolist() == ids.tolist()
+    assert any("kept from draft.init_from" in r.getMessage() and "differ from the top-64" in r.getMessage()
+               for r in caplog.records if r.levelno == logging.WARNING)

@@ -194,6 +194,31 @@ def test_info_output(built, capsys):
     assert cli.main(["info", str(out / "nope")]) == 1
 
 
+def test_info_reports_draft_vocabulary_coverage(built, target, capsys):
+    """Coverage of the answer tokens by the N most frequent, for the standard sizes and --vocab-size."""
+    import numpy as np
+    from deepspec.data.vocab import count_answer_tokens, coverage, select_top
+    _, out, _ = built
+    reader = CacheReader(out)
+    counts = count_answer_tokens((reader.tokens(i) for i in range(len(reader))), target.vocab_size)
+    distinct = int(np.count_nonzero(counts))
+    assert 8 < distinct < target.vocab_size
+    assert cli.main(["info", str(out), "--json", "--vocab-size", "8", "--vocab-size", str(distinct)]) == 0
+    cov = json.loads(capsys.readouterr().out)["draft_vocab_coverage"]
+    assert cov["answer_tokens"] == int(counts.sum()) == int(reader.loss_lengths.sum())
+    assert cov["distinct"] == distinct
+    assert cov["coverage"]["8"] == pytest.approx(coverage(counts, select_top(counts, 8)))
+    assert 0 < cov["coverage"]["8"] < 1
+    assert cov["coverage"][str(distinct)] == cov["coverage"]["8192"] == 1.0
+    assert cli.main(["info", str(out), "--vocab-size", "8"]) == 0
+    text = capsys.readouterr().out
+    assert "draft vocab" in text and "N=8: " in text and "N=32,768: 100.00%" in text
+    assert cli.main(["info", str(out), "--no-coverage"]) == 0
+    assert "draft vocab" not in capsys.readouterr().out
+    assert cli.main(["info", str(out), "--vocab-size", "0"]) == 1
+    assert "--vocab-size 0" in capsys.readouterr().err
+
+
 def test_resume_from_crash_leftovers_is_byte_identical(built, target, tmp_path):
     cfg, out, regen = built
     d = _tree_copy(out, tmp_path / "crashed")

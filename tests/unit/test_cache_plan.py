@@ -59,3 +59,30 @@ def test_plan_refuses_when_cache_exceeds_disk(tmp_path, target):
     p.free_bytes = int(p.cache_bytes) - 1  # the same plan on a nearly full disk
     assert not p.fits
     assert "exceeds the free disk" in planmod.format_plan(p)
+
+
+def test_plan_reports_draft_vocabulary_coverage_and_head(tmp_path, target):
+    """draft.vocab_size = N: coverage of the sampled answer tokens (as the trainer selects) and the head change."""
+    from deepspec.data.vocab import count_answer_tokens, coverage, select_top
+    from deepspec.experiments.probes import encode_conversations
+    from deepspec.experiments.plan import _regen_sample
+    N = 40
+    cfg = load_config(BASE + [f"run_dir={tmp_path}", f"draft.vocab_size={N}", "draft.algorithm=dspark",
+                              "draft.head_rank=8", "draft.num_layers=1"])
+    write_regen_jsonl(tmp_path / "regen" / "regen.jsonl", 12, seed=4, max_words=20)
+    p = planmod.estimate(cfg, target=target, probe_tokens=64, decode_steps=1, decode_batch=1, train_probe=False)
+    items, _ = encode_conversations(target, _regen_sample(tmp_path / "regen" / "regen.jsonl", 256), 128, 512)
+    counts = count_answer_tokens(({"input_ids": i, "loss_mask": m} for i, m in items if i), target.vocab_size)
+    assert p.draft_vocab_size == N and p.vocab_size == target.vocab_size
+    assert p.vocab_answer_tokens == int(counts.sum())
+    assert p.vocab_coverage == pytest.approx(coverage(counts, select_top(counts, N, always=target.eos_token_ids)))
+    assert 0 < p.vocab_coverage < 1
+    # the Markov W2 shrinks from rank×V to rank×N
+    assert p.draft_params_full - p.draft_params == 8 * (target.vocab_size - N)
+    text = planmod.format_plan(p)
+    assert f"{N:,} of {target.vocab_size:,}" in text and "coverage" in text and "target LM-head rows 40×64" in text
+    # out of range: a note, no crash
+    bad = load_config(BASE + [f"run_dir={tmp_path}", f"draft.vocab_size={target.vocab_size + 1}"])
+    p = planmod.estimate(bad, target=target, probe_tokens=64, decode_steps=1, decode_batch=1, train_probe=False)
+    assert any("ERROR: draft.vocab_size" in n for n in p.notes)
+    assert "draft vocabulary" not in planmod.format_plan(p)

@@ -117,3 +117,52 @@ def test_bad_vocab_sizes_are_refused(tiny_llama):
         d.set_draft_vocab([3, 2, 1, 0])
     with pytest.raises(ValueError, match="3 ids for draft.vocab_size=4"):
         d.set_draft_vocab([0, 1, 2])
+
+
+def _saved(t, tmp_path, name="ck", vocab_size=None, ids=None, algorithm="dspark"):
+    d = build_drafter(t, DraftConfig(algorithm=algorithm, gamma=G, num_layers=1, head_rank=8, vocab_size=vocab_size))
+    if ids is not None:
+        d.set_draft_vocab(ids)
+    return d.save_pretrained(tmp_path / name)
+
+
+def test_bad_saved_vocabularies_name_the_file(tiny_llama, tmp_path):
+    """A checkpoint whose draft_vocab is out of range, unsorted or does not match its config: one clear error."""
+    from safetensors.torch import load_file, save_file
+    from deepspec.drafts import load_drafter
+    from deepspec.drafts.checkpoint import DraftCheckpointError
+    from deepspec.errors import DeepSpecError
+    t = tiny_llama
+    ck = _saved(t, tmp_path, vocab_size=5, ids=[1, 3, 5, 7, 9])
+    ids = lambda *x: (lambda w: w.update(draft_vocab=torch.tensor(x)))   # noqa: E731
+    cases = [(ids(1, 3, 5, 9, 7), "strictly increasing"),
+             (ids(1, 3, 5, 7, t.vocab_size), "outside the target vocabulary"),
+             (ids(1, 3, 5, 7), r"shape \[4\], config says draft.vocab_size=5"),
+             (lambda w: w.pop("draft_vocab"), "hold no draft_vocab")]
+    weights = ck / "model.safetensors"
+    good = load_file(str(weights))
+    for edit, needle in cases:
+        w = dict(good)
+        edit(w)
+        save_file(w, str(weights))
+        with pytest.raises(DraftCheckpointError, match=needle) as e:
+            load_drafter(ck, t)
+        assert str(weights) in str(e.value) and isinstance(e.value, DeepSpecError)
+    assert issubclass(VocabError, DeepSpecError) and issubclass(VocabError, ValueError)
+
+
+def test_init_from_needs_the_same_vocabulary_size(tiny_llama, tmp_path, caplog):
+    from deepspec.drafts.checkpoint import DraftCheckpointError
+    t = tiny_llama
+    full = _saved(t, tmp_path, "full")
+    pruned = _saved(t, tmp_path, "pruned", vocab_size=6, ids=[0, 2, 3, 5, 8, 13])
+    for src, n, needle in ((full, 6, r"draft.vocab_size=null\), this run 6 \(draft.vocab_size=6\); train with "
+                                     r"draft.vocab_size=null"),
+                           (pruned, None, r"scores 6 of the .* train with draft.vocab_size=6"),
+                           (pruned, 7, "train with draft.vocab_size=6")):
+        with pytest.raises(DraftCheckpointError, match=needle):
+            build_drafter(t, DraftConfig(algorithm="dflash", gamma=G, num_layers=1, vocab_size=n, init_from=str(src)))
+    # the same size: the vocabulary comes with the weights (the trainer keeps it)
+    d = build_drafter(t, DraftConfig(algorithm="dspark", gamma=G, num_layers=1, head_rank=8, vocab_size=6,
+                                     init_from=str(pruned)))
+    assert d.draft_vocab.tolist() == [0, 2, 3, 5, 8, 13]

@@ -97,3 +97,80 @@ def test_cli_exit_codes(ckpt, capsys):
     assert report["ok"] is False and [f["name"] for f in report["findings"] if not f["ok"]] == ["target weights"]
     assert check_main([str(ckpt)]) == 2                  # no run.yaml and no target given
     assert "no target" in capsys.readouterr().err
+
+
+# -- reduced draft vocabularies ------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def pruned_run(llama, tmp_path_factory):
+    """RUN/checkpoints/step_1 of a dspark draft with draft.vocab_size=60, RUN/draft_vocab.json, a vLLM export."""
+    from deepspec.data.vocab import save_vocab
+    run = tmp_path_factory.mktemp("run")
+    torch.manual_seed(0)
+    d = build_drafter(llama, DraftConfig(algorithm="dspark", num_layers=1, gamma=4, head_rank=8, vocab_size=60))
+    ids = torch.randperm(llama.vocab_size, generator=torch.Generator().manual_seed(3))[:60].sort().values
+    d.set_draft_vocab(ids)
+    ckpt = d.save_pretrained(run / "checkpoints" / "step_1")
+    save_vocab(run / "draft_vocab.json", ids.numpy(), vocab_size=llama.vocab_size,
+               tokenizer_fingerprint=llama.fingerprint()["tokenizer_sha256"], coverage_value=0.9, source="test")
+    export_draft(ckpt, run / "vllm", "vllm", target=llama, target_path="tiny:llama")
+    return run, ckpt, ids
+
+
+def _vocab(rep):
+    return next(f for f in rep.findings if f.name == "draft vocabulary")
+
+
+def test_reduced_vocabulary_checkpoint_and_export_pass(llama, pruned_run):
+    run, ckpt, ids = pruned_run
+    for where in (ckpt, run / "vllm"):
+        rep = check_draft(where, llama, [CONV])
+        assert rep.ok, rep.render()
+        f = _vocab(rep)
+        assert f.data["draft_vocab_size"] == 60 and "made with this tokenizer" in f.detail
+    exported = json.loads((run / "vllm" / "draft_vocab.json").read_text())     # the export carries the run's file
+    assert exported["ids"] == ids.tolist() and exported["coverage"] == 0.9
+    assert "| draft vocabulary | 60 of" in (run / "vllm" / "README.md").read_text()
+
+
+def test_full_vocabulary_has_no_vocabulary_finding(llama, ckpt):
+    assert not any(f.name == "draft vocabulary" for f in check_draft(ckpt, llama, [CONV]).findings)
+
+
+@pytest.mark.parametrize("which, w_edit, cfg_edit, needle", [
+    ("vllm", lambda w: w["d2t"].__setitem__(3, w["d2t"][4] + 1), None, "d2t: .*strictly increasing"),
+    ("vllm", lambda w: w["t2d"].__setitem__(w["t2d"].nonzero()[0], False), None, "t2d marks 59 target tokens"),
+    ("vllm", lambda w: w.update(t2d=w["t2d"].roll(1)), None, "d2t and t2d disagree"),
+    ("vllm", None, lambda c: c.update(draft_vocab_size=61), r"d2t has shape \[60\], draft_vocab_size is 61"),
+    ("vllm", lambda w: w["lm_head.weight"].mul_(3), None, "lm_head.weight is not this target's LM head"),
+    ("ckpt", lambda w: w.update(draft_vocab=w["draft_vocab"].flip(0)), None, "draft_vocab: token ids must be strictly"),
+    ("ckpt", None, lambda c: c["draft"].update(vocab_size=59), "draft.vocab_size=59"),
+])
+def test_bad_vocabulary_maps_are_one_finding(llama, pruned_run, tmp_path, edited_draft, which, w_edit, cfg_edit,
+                                             needle):
+    run, ckpt, _ = pruned_run
+    bad = edited_draft(ckpt if which == "ckpt" else run / "vllm", tmp_path / "bad", cfg_edit, w_edit)
+    rep = check_draft(bad, llama, [CONV])
+    f = _vocab(rep)
+    assert not f.ok and ("model.safetensors" in f.detail or "config.json" in f.detail)
+    import re
+    assert re.search(needle, f.detail), f.detail
+
+
+def test_vocabulary_file_of_another_tokenizer_is_reported(llama, pruned_run, tmp_path, edited_draft, capsys):
+    from deepspec.data.vocab import save_vocab
+    run, ckpt, ids = pruned_run
+    bad = edited_draft(run / "vllm", tmp_path / "v")
+    save_vocab(bad / "draft_vocab.json", ids.numpy(), vocab_size=llama.vocab_size, tokenizer_fingerprint="f" * 64,
+               coverage_value=0.9, source="elsewhere")
+    f = _vocab(check_draft(bad, llama, [CONV]))
+    assert not f.ok and "made with another tokenizer" in f.detail and "draft_vocab.json" in f.detail
+    # other ids than the draft holds
+    save_vocab(bad / "draft_vocab.json", (ids + 1).clamp(max=llama.vocab_size - 1).unique().numpy(),
+               vocab_size=llama.vocab_size, tokenizer_fingerprint=None, coverage_value=0.9, source="x")
+    assert "lists other tokens" in _vocab(check_draft(bad, llama, [CONV])).detail
+    # the command line: one MISMATCH line, exit 1
+    save_vocab(bad / "draft_vocab.json", ids.numpy(), vocab_size=llama.vocab_size, tokenizer_fingerprint="f" * 64,
+               coverage_value=0.9, source="elsewhere")
+    assert check_main([str(bad), "--target-path", "tiny:llama", "target.dtype=float32", "target.layer_ids=[1,2]"]) == 1
+    out = capsys.readouterr().out
+    assert sum("[MISMATCH] draft vocabulary" in line for line in out.splitlines()) == 1

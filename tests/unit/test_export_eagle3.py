@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from deepspec.config import TargetConfig
 from deepspec.config.draft import DraftConfig
@@ -182,19 +182,6 @@ def test_unordered_layer_ids_refused(tmp_path):
         _trained(t)
 
 
-def _tampered(src, dst, cfg_edit=None, w_edit=None):
-    dst.mkdir()
-    cfg = json.loads((src / "config.json").read_text())
-    w = load_file(str(src / "model.safetensors"))
-    if cfg_edit:
-        cfg_edit(cfg)
-    if w_edit:
-        w_edit(w)
-    (dst / "config.json").write_text(json.dumps(cfg))
-    save_file(w, str(dst / "model.safetensors"))
-    return dst
-
-
 @pytest.mark.parametrize("fmt, cfg_edit, w_edit, err, needle", [
     ("vllm", lambda c: c.pop("norm_before_residual"), None, ImportUnsupported, "norm_before_residual is true"),
     ("sglang", lambda c: c.update(norm_before_residual=True), None, ImportUnsupported, "norm_before_residual"),
@@ -206,16 +193,17 @@ def _tampered(src, dst, cfg_edit=None, w_edit=None):
     ("sglang", None, lambda w: w["lm_head.weight"].mul_(2), ImportUnsupported, "lm_head.weight differs"),
     ("vllm", lambda c: c.update(target_hidden_size=128), None, ImportUnsupported, "target_hidden_size 128"),
 ])
-def test_import_refuses_what_has_no_equivalent(target, exported, tmp_path, fmt, cfg_edit, w_edit, err, needle):
+def test_import_refuses_what_has_no_equivalent(target, exported, tmp_path, edited_draft, fmt, cfg_edit, w_edit, err,
+                                                needle):
     _, root, _ = exported
-    bad = _tampered(root / fmt, tmp_path / "bad", cfg_edit, w_edit)
+    bad = edited_draft(root / fmt, tmp_path / "bad", cfg_edit, w_edit)
     with pytest.raises(err, match=needle):
         import_draft(bad, target, fmt)
 
 
-def test_vllm_import_accepts_midlayer_names(target, exported, tmp_path):
+def test_vllm_import_accepts_midlayer_names(target, exported, tmp_path, edited_draft):
     d, root, _ = exported
-    moved = _tampered(root / "vllm", tmp_path / "mid", w_edit=lambda w: w.update(
+    moved = edited_draft(root / "vllm", tmp_path / "mid", w_edit=lambda w: w.update(
         {k.replace("layers.0.", "midlayer."): w.pop(k) for k in [k for k in w if k.startswith("layers.0.")]}))
     back = import_draft(moved, target)
     batch = probe_batch(target, 4, seed=1)
@@ -249,3 +237,73 @@ def test_check_reads_eagle3_export_layer_ids(target, exported):
     card = (root / "sglang" / "README.md").read_text()
     assert "--speculative-algorithm EAGLE3" in card and "eagle_config.eagle_aux_hidden_state_layer_ids" in card
     assert '"method": "eagle3"' in (root / "vllm" / "README.md").read_text()
+
+
+# -- reduced draft vocabulary (draft.vocab_size = N) -------------------------------------------------------------
+@pytest.fixture(scope="module")
+def pruned(target, tmp_path_factory):
+    """An engine-layout draft scoring 120 target tokens, its checkpoint and both engine exports."""
+    root = tmp_path_factory.mktemp("e3v")
+    torch.manual_seed(5)
+    d = build_drafter(target, DraftConfig(algorithm="eagle3", num_layers=1, gamma=4, ttt_steps=3,
+                                          eagle3_layout="engine", vocab_size=120))
+    with torch.no_grad():
+        for p in d.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    ids = torch.randperm(target.vocab_size, generator=torch.Generator().manual_seed(2))[:120].sort().values
+    d.set_draft_vocab(ids)
+    d.eval().save_pretrained(root / "ckpt")
+    res = {fmt: export_draft(root / "ckpt", root / fmt, fmt, target=target, target_path=TINY)
+           for fmt in ("vllm", "sglang")}
+    return d, ids, root, res
+
+
+@pytest.mark.parametrize("fmt", ["vllm", "sglang"])
+def test_reduced_vocabulary_round_trip(target, pruned, fmt):
+    """d2t [N] (target id = draft id + d2t; SGLang's hot_token_id = d2t + arange), t2d [V], lm_head = the target's
+    rows [N, H], draft_vocab_size = N (the layer's vocab_size stays V); re-import and an independent engine forward
+    from the written tensors reproduce the drafter."""
+    d, ids, root, res = pruned
+    out, V = root / fmt, target.vocab_size
+    cfg = json.loads((out / "config.json").read_text())
+    layer = cfg["transformer_layer_config"] if fmt == "vllm" else cfg
+    assert cfg["draft_vocab_size"] == 120 and layer["vocab_size"] == V
+    w = load_file(str(out / "model.safetensors"))
+    assert w["d2t"].dtype == torch.int64 and torch.equal(torch.arange(120) + w["d2t"], ids)
+    assert w["t2d"].shape == (V,) and int(w["t2d"].sum()) == 120 and bool(w["t2d"][ids].all())
+    assert torch.equal(w["lm_head.weight"], target.lm_head.weight.detach()[ids])
+    assert res[fmt].verified["reimport_max_abs_diff"] == 0.0 and res[fmt].verified["reference_max_abs_diff"] < 1e-5
+    back = import_draft(out, target)
+    assert back.cfg.vocab_size == 120 and torch.equal(back.draft_vocab, ids)
+    batch = probe_batch(target, 4, seed=3)
+    ours = d.step_logits(batch)[0]                                   # [S, T, N]
+    assert ours.shape[-1] == 120
+    T = ours.shape[1]
+    inside = (torch.arange(T)[None, :] + torch.arange(3)[:, None]) <= T - 2
+    assert torch.equal(ours[:3][inside], back.step_logits(batch)[0, :3][inside])
+    table = target.embed_tokens.weight.detach().float()
+    feats, tok = batch["features"][0].float(), batch["input_ids"][0]
+    for r in (0, T // 2):
+        steps = min(3, T - 1 - r)
+        ref = engine_chain(out, fmt, feats, tok, r, steps, table)   # [steps, V], −inf outside the draft vocabulary
+        assert torch.isinf(ref[:, ~w["t2d"]]).all()
+        torch.testing.assert_close(ref[:, ids], ours[:steps, r], atol=1e-5, rtol=1e-5)
+    from deepspec.eval.sampling import make_warp
+    ids6, feats6 = batch["input_ids"][0], batch["features"][0]
+    for temperature in (0.0, 1.0):
+        g1, g2 = torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)
+        p1 = d.propose(d.init_state(ids6[:6], feats6[:6]), int(ids6[6]), 4, make_warp(temperature), g1)
+        p2 = back.propose(back.init_state(ids6[:6], feats6[:6]), int(ids6[6]), 4, make_warp(temperature), g2)
+        assert torch.equal(p1.tokens, p2.tokens) and torch.equal(p1.probs, p2.probs)
+        assert set(p1.tokens.tolist()) <= set(ids.tolist())
+
+
+@pytest.mark.parametrize("fmt, w_edit, needle", [
+    ("vllm", lambda w: w.update(t2d=torch.ones_like(w["t2d"])), "t2d marks"),
+    ("sglang", lambda w: w["d2t"].__setitem__(0, -5), "outside the target vocabulary"),
+    ("vllm", lambda w: w.update({"lm_head.weight": w["lm_head.weight"].roll(1, 0)}), "LM head rows"),
+])
+def test_import_refuses_bad_reduced_vocabulary(target, pruned, tmp_path, edited_draft, fmt, w_edit, needle):
+    _, _, root, _ = pruned
+    with pytest.raises(ImportUnsupported, match=needle):
+        import_draft(edited_draft(root / fmt, tmp_path / "bad", None, w_edit), target, fmt)

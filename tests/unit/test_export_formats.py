@@ -219,3 +219,101 @@ def test_cli_export_exit_codes(target, tmp_path, capsys):
     assert "allow-drop-heads" in capsys.readouterr().err
     assert export_main(["--to", "sglang", str(ckpt), str(tmp_path / "sg"), *tgt]) == 2     # exists, no --force
     assert "exists" in capsys.readouterr().err
+
+
+# -- reduced draft vocabularies (draft.vocab_size = N): d2t / t2d ------------------------------------------------
+N_DRAFT = 100
+
+
+def _pruned(target, algorithm, seed=0, **kw):
+    """A trained-looking drafter scoring N_DRAFT random target tokens (token 0 and the last one included)."""
+    d = _trained(target, algorithm, seed=seed, vocab_size=N_DRAFT, **kw)
+    g = torch.Generator().manual_seed(seed + 11)
+    rest = torch.randperm(target.vocab_size - 2, generator=g)[:N_DRAFT - 2] + 1
+    ids = torch.cat([torch.tensor([0, target.vocab_size - 1]), rest]).sort().values
+    d.set_draft_vocab(ids)
+    return d, ids
+
+
+def _same_proposals(a, b, target, temperature):
+    from deepspec.eval.sampling import make_warp
+    batch = probe_batch(target, a.cfg.gamma, seed=5)
+    ids, feats = batch["input_ids"][0], batch["features"][0]
+    warp = make_warp(temperature)
+    p1 = a.propose(a.init_state(ids[:6], feats[:6]), int(ids[6]), a.cfg.gamma, warp, torch.Generator().manual_seed(4))
+    p2 = b.propose(b.init_state(ids[:6], feats[:6]), int(ids[6]), b.cfg.gamma, warp, torch.Generator().manual_seed(4))
+    assert torch.equal(p1.tokens, p2.tokens) and torch.equal(p1.probs, p2.probs)
+    return p1
+
+
+@pytest.mark.parametrize("algorithm, kw", [("dspark", {"sequential_head": "markov"}), ("dflash", {})])
+def test_vllm_reduced_vocabulary_round_trip(target, tmp_path, algorithm, kw):
+    """speculators/vLLM: draft_vocab_size = N, d2t [N] (target id = draft id + d2t), t2d [V], lm_head = the
+    target's rows of the draft vocabulary, Markov W2 over N rows; re-import gives the same logits and proposals."""
+    V = target.vocab_size
+    d, ids = _pruned(target, algorithm, **kw)
+    ckpt = _save(d, tmp_path / "ckpt")
+    out = tmp_path / "vllm"
+    res = export_draft(ckpt, out, "vllm", target=target, target_path=TINY)
+    cfg = json.loads((out / "config.json").read_text())
+    assert validate(cfg, SCHEMAS["speculators_dspark"]) == []
+    assert cfg["draft_vocab_size"] == N_DRAFT and cfg["transformer_layer_config"]["vocab_size"] == V
+    w = load_file(str(out / "model.safetensors"))
+    assert w["d2t"].dtype == torch.int64 and w["d2t"].shape == (N_DRAFT,)
+    assert torch.equal(torch.arange(N_DRAFT) + w["d2t"], ids)
+    assert w["t2d"].dtype == torch.bool and w["t2d"].shape == (V,) and int(w["t2d"].sum()) == N_DRAFT
+    assert bool(w["t2d"][ids].all())
+    assert torch.equal(w["lm_head.weight"], target.lm_head.weight.detach()[ids])
+    assert torch.equal(w["lm_head.weight"], target.lm_head.weight.detach()[w["t2d"]])   # speculators' construction
+    assert "draft_vocab" not in w and not any(k.startswith("embed_tokens") for k in w)
+    if algorithm == "dspark":
+        assert w["markov_head.markov_w2.weight"].shape == (N_DRAFT, 8)
+        assert w["markov_head.markov_w1.weight"].shape == (V, 8)         # embeds the previous *target* token
+    assert res.verified["reimport_max_abs_diff"] == 0.0 and res.verified["reference_max_abs_diff"] < 1e-4
+    back = import_draft(out, target)
+    assert back.algorithm == algorithm and back.cfg.vocab_size == N_DRAFT and torch.equal(back.draft_vocab, ids)
+    batch = _same_blocks(d, back, target)
+    # the independent engine forward (reads lm_head / d2t by the engine names) places logits at target ids
+    eng = EngineDraft.from_dir(out)
+    anchors = [int(a) for a in batch["anchors"][0]]
+    logits, _ = eng.block_logits(batch["features"][0], batch["input_ids"][0], anchors, target.embed,
+                                 target.logits_from_hidden)
+    assert logits.shape[-1] == V and torch.isinf(logits[..., ~w["t2d"]]).all()
+    torch.testing.assert_close(logits[..., ids], d.block_logits(batch)["logits"][0], atol=1e-4, rtol=1e-4)
+    for temperature in (0.0, 1.0):
+        prop = _same_proposals(d, back, target, temperature)
+        assert set(prop.tokens.tolist()) <= set(ids.tolist()) and (prop.probs[:, ~w["t2d"]] == 0).all()
+    # hf round trip: the vocabulary travels in model.safetensors
+    res = export_draft(ckpt, tmp_path / "hf", "hf", target=target)
+    assert res.verified["reimport_max_abs_diff"] == 0.0
+    assert torch.equal(import_draft(tmp_path / "hf", target).draft_vocab, ids)
+
+
+def test_sglang_refuses_a_reduced_vocabulary(target, tmp_path, capsys):
+    d, _ = _pruned(target, "dspark", sequential_head="rnn", seed=1)
+    ckpt = _save(d, tmp_path / "ckpt")
+    with pytest.raises(ExportUnsupported, match=r"draft.vocab_size=100.*draft.vocab_size=null") as e:
+        export_draft(ckpt, tmp_path / "sg", "sglang", target=target)
+    assert "d2t" in str(e.value) and not (tmp_path / "sg").exists()
+    tgt = ["--target-path", TINY, "target.dtype=float32", "--target", "layer_ids=[1,2]"]
+    assert export_main(["--to", "sglang", str(ckpt), str(tmp_path / "sg"), *tgt]) == 3
+    assert "draft.vocab_size=null" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("cfg_edit, w_edit, needle", [
+    (None, lambda w: w["d2t"].__setitem__(5, w["d2t"][6] + 1), "strictly increasing"),
+    (None, lambda w: w.update(d2t=w["d2t"][:-1]), r"d2t has shape \[99\], draft_vocab_size is 100"),
+    (lambda c: c.update(draft_vocab_size=99), None, r"d2t has shape \[100\], draft_vocab_size is 99"),
+    (None, lambda w: w.update(d2t=w["d2t"] + 10**6), "outside the target vocabulary"),
+    (None, lambda w: w["t2d"].__setitem__(w["t2d"].nonzero()[3], False), "t2d marks 99 target tokens"),
+    (None, lambda w: w.pop("d2t"), "there is no d2t"),
+    (None, lambda w: w.pop("lm_head.weight"), "needs lm_head.weight"),
+    (None, lambda w: w["lm_head.weight"].mul_(2), "lm_head.weight differs from the target's LM head rows"),
+])
+def test_import_refuses_bad_vocabulary_maps(target, tmp_path, edited_draft, cfg_edit, w_edit, needle):
+    d, _ = _pruned(target, "dflash", seed=3)
+    ckpt = _save(d, tmp_path / "ckpt")
+    export_draft(ckpt, tmp_path / "v", "vllm", target=target, verify=False)
+    bad = edited_draft(tmp_path / "v", tmp_path / "bad", cfg_edit, w_edit)
+    with pytest.raises(ImportUnsupported, match=needle):
+        import_draft(bad, target)
