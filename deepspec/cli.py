@@ -23,6 +23,7 @@ import traceback
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from .errors import DeepSpecError
+from .config import list_recipes, load_config, to_yaml
 
 # command -> (module:function taking the typed config, help)
 STAGES: Dict[str, Tuple[str, str]] = {
@@ -57,7 +58,6 @@ def _stage_parser(cmd: str, help_text: str) -> argparse.ArgumentParser:
 
 
 def run_stage(cmd: str, argv: Sequence[str]) -> int:
-    from .config import load_config, to_yaml
     args = _stage_parser(cmd, STAGES[cmd][1]).parse_args(list(argv))
     overrides = list(args.overrides)
     if cmd == "demo" and not any(o.startswith("recipe=") for o in overrides):
@@ -71,7 +71,6 @@ def run_stage(cmd: str, argv: Sequence[str]) -> int:
 
 
 def _config_cmd(argv: Sequence[str]) -> int:
-    from .config import list_recipes, load_config, to_yaml
     p = argparse.ArgumentParser(prog="deepspec config", description="print the resolved config / list recipes")
     p.add_argument("--recipes", action="store_true", help="list the recipes")
     p.add_argument("overrides", nargs="*")
