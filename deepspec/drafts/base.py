@@ -73,6 +73,14 @@ class DraftState:
 Warp = Callable[[torch.Tensor], torch.Tensor]
 
 
+def draw(probs: torch.Tensor, warp: Warp, generator: Optional[torch.Generator] = None) -> torch.Tensor:
+    """``torch.multinomial(probs, 1)``; under a greedy warp (one-hot rows) the argmax, which is the
+    same token without drawing V exponentials per row."""
+    if getattr(warp, "greedy", False):
+        return probs.argmax(dim=-1, keepdim=True)
+    return torch.multinomial(probs, 1, generator=generator)
+
+
 def coerce_draft_config(cfg) -> DraftConfig:
     """A `DraftConfig` from a dataclass, an OmegaConf node or a plain dict (unknown keys dropped)."""
     if isinstance(cfg, DraftConfig):

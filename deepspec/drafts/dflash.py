@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import DraftState, Drafter, Proposal, init_linear_weights
+from .base import DraftState, Drafter, Proposal, draw, init_linear_weights
 from .context import ContextProjector, append_kv, context_kv
 from .heads import ConfidenceHead, build_sequential_head
 from .layers import KV, DraftDims, DraftLayer, RMSNorm
@@ -271,7 +271,7 @@ class ParallelDrafter(Drafter):
         base = self._head_logits(hn)                                                    # [γ, V]
         if self.head is None and self.conf_head is None:
             probs = warp(base).float()
-            toks = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+            toks = draw(probs, warp, generator).squeeze(-1)
             return Proposal(tokens=toks, probs=probs, confidence=None)
         toks, probs, confs = [], [], []
         prev = a.reshape(1)
@@ -285,7 +285,7 @@ class ParallelDrafter(Drafter):
             if self.conf_head is not None:
                 confs.append(torch.sigmoid(self.conf_head(hn[k:k + 1], e, prev).float()))
             q = warp(logits).float()
-            prev = torch.multinomial(q, 1, generator=generator).reshape(1)
+            prev = draw(q, warp, generator).reshape(1)
             toks.append(prev)
             probs.append(q)
         return Proposal(tokens=torch.cat(toks), probs=torch.cat(probs),

@@ -51,7 +51,7 @@ from typing import Dict, List, Optional
 import torch
 from torch import nn
 
-from .base import DraftState, Drafter, Proposal, init_linear_weights
+from .base import DraftState, Drafter, Proposal, draw, init_linear_weights
 from .context import append_kv
 from .layers import KV, DraftDims, DraftLayer, RMSNorm
 from .fused_loss import fused_logit_loss
@@ -286,7 +286,7 @@ class Eagle3Drafter(Drafter):
             h, new = self._step(tok, g, pos, self._prefixes(kv), None)
             kv = append_kv(kv, new)
             q = warp(self._head_logits(h)[0]).float()                                     # [1, V]
-            tok = torch.multinomial(q, 1, generator=generator)
+            tok = draw(q, warp, generator)
             toks.append(tok.reshape(1))
             probs.append(q)
             g = h
