@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import platform
 import sys
 import time
@@ -22,7 +21,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.records import record_path  # noqa: E402
+from bench.records import write_record  # noqa: E402
 
 PROMPTS = ["Explain how a hash table works, with an example in Python.",
            "What is 17 times 23? Show your steps.",
@@ -97,10 +96,7 @@ def main(argv=None) -> int:
               f"({100 * r['overhead_fraction']:.1f}%) per round; plain decode {r['plain_decode_ms_per_token']:.1f} "
               f"ms/token; verify/plain {r['verify_over_plain_decode']:.2f}, draft/plain {r['draft_over_plain_decode']:.2f}; "
               f"greedy equal {r['greedy_equal']}", flush=True)
-    out = Path(args.out) if args.out else record_path("eval_latency")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(rec, indent=2) + "\n")
-    print(f"→ {out}")
+    write_record(rec, "eval_latency", args.out)
     return 0
 
 

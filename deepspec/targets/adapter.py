@@ -8,7 +8,6 @@ The final post-norm hidden state (the LM head's input) is kept separately.
 from __future__ import annotations
 
 import hashlib
-import inspect
 import logging
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -17,7 +16,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import torch
 from torch import nn
 
-from .attention import offset_causal, supported as attention_supported
+from .attention import cache_kwarg, offset_causal, supported as attention_supported
 from .chat import ChatEncoding, encode_chat
 
 log = logging.getLogger(__name__)
@@ -250,8 +249,7 @@ class TargetAdapter:
     @property
     def _cache_kwarg(self) -> str:
         if not hasattr(self, "_cache_kw"):
-            params = inspect.signature(self.decoder.forward).parameters
-            self._cache_kw = "cache" if "cache" in params else "past_key_values"
+            self._cache_kw = cache_kwarg(self.decoder.forward)
         return self._cache_kw
 
     # -- chat ----------------------------------------------------------------------

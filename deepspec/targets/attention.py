@@ -88,11 +88,22 @@ def supported(model) -> bool:
 
 
 @contextmanager
-def offset_causal(model):
-    """Run the model's forwards inside on `offset_causal_attention` (and back to what it had after)."""
+def attention_implementation(model, name: str):
+    """Run the model's forwards inside on the registered attention ``name`` (and back to what it had after)."""
     saved = model.config._attn_implementation
-    model.config._attn_implementation = IMPLEMENTATION
+    model.config._attn_implementation = name
     try:
         yield
     finally:
         model.config._attn_implementation = saved
+
+
+def offset_causal(model):
+    """`attention_implementation` with `offset_causal_attention`."""
+    return attention_implementation(model, IMPLEMENTATION)
+
+
+def cache_kwarg(forward) -> str:
+    """The KV-cache argument of a transformers forward: ``cache`` (5.2x) or ``past_key_values`` (earlier)."""
+    import inspect
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
