@@ -85,11 +85,13 @@ def main(argv=None) -> int:
         rec["loops"][loop] = {"seconds": sec, "new_tokens": tok, "tokens_per_s": tok / sec, "ok": len(ok),
                               "mean_new_tokens": tok / max(len(ok), 1)}
         print(f"{loop}: {tok} new tokens in {sec:.1f} s = {tok / sec:.1f} tok/s ({len(ok)} answers)", flush=True)
-    if len(outputs) == 2:
-        a, b = outputs.values()
-        rec["identical"] = sum(x == y for x, y in zip(a, b))
-        rec["speedup"] = rec["loops"][args.loops[1]]["tokens_per_s"] / rec["loops"][args.loops[0]]["tokens_per_s"]
-        print(f"identical answers: {rec['identical']}/{len(a)}; speedup {rec['speedup']:.2f}x", flush=True)
+    first, loops = args.loops[0], rec["loops"]
+    for loop in args.loops[1:]:   # each loop against the first (the reference), the last one also at top level
+        same = sum(x == y for x, y in zip(outputs[first], outputs[loop]))
+        loops[loop]["identical_to_" + first] = same
+        loops[loop]["speedup_over_" + first] = loops[loop]["tokens_per_s"] / loops[first]["tokens_per_s"]
+        rec["identical"], rec["speedup"] = same, loops[loop]["speedup_over_" + first]
+        print(f"{loop} vs {first}: identical answers {same}/{len(prompts)}; speedup {rec['speedup']:.2f}x", flush=True)
     write_record(rec, "regen_throughput", args.out)
     return 0
 
