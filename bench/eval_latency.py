@@ -38,7 +38,8 @@ def split(specs, bases) -> dict:
     plain = 1e3 * sum(b.t_total - b.t_prefill for b in bases) / max(steps, 1)
     return {"rounds": len(rounds), "tau": sum(r.accepted + 1 for r in rounds) / n, "draft_ms": d, "verify_ms": v,
             "overhead_ms": o, "round_ms": d + v + o, "overhead_fraction": o / (d + v + o),
-            "plain_decode_ms_per_token": plain, "verify_over_plain_decode": v / plain, "draft_over_plain_decode": d / plain,
+            "plain_decode_ms_per_token": plain, "verify_over_plain_decode": v / plain,
+            "draft_over_plain_decode": d / plain,
             "greedy_equal": all(s.tokens == b.tokens for s, b in zip(specs, bases))}
 
 
@@ -92,10 +93,10 @@ def main(argv=None) -> int:
             bases.append(target_generate(target, p, max_new_tokens=args.new_tokens, warp=greedy, eos_token_ids=[]))
         rec["drafters"][algo] = {**split(specs, bases), "seconds": time.perf_counter() - t0}
         r = rec["drafters"][algo]
-        print(f"{algo}: draft {r['draft_ms']:.1f} ms, verify {r['verify_ms']:.1f} ms, overhead {r['overhead_ms']:.1f} ms "
-              f"({100 * r['overhead_fraction']:.1f}%) per round; plain decode {r['plain_decode_ms_per_token']:.1f} "
-              f"ms/token; verify/plain {r['verify_over_plain_decode']:.2f}, draft/plain {r['draft_over_plain_decode']:.2f}; "
-              f"greedy equal {r['greedy_equal']}", flush=True)
+        print(f"{algo}: draft {r['draft_ms']:.1f} ms, verify {r['verify_ms']:.1f} ms, overhead "
+              f"{r['overhead_ms']:.1f} ms ({100 * r['overhead_fraction']:.1f}%) per round; plain decode "
+              f"{r['plain_decode_ms_per_token']:.1f} ms/token; verify/plain {r['verify_over_plain_decode']:.2f}, "
+              f"draft/plain {r['draft_over_plain_decode']:.2f}; greedy equal {r['greedy_equal']}", flush=True)
     write_record(rec, "eval_latency", args.out)
     return 0
 

@@ -14,6 +14,7 @@ saves a checkpoint on SIGTERM and the eval uses it) inside an overall budget (``
     cache      `deepspec prepare` (regeneration reused): hidden-state cache
     train_*    `deepspec train` per drafter (dspark, dflash, eagle3) with the same step budget
     eval_*     `deepspec eval` per drafter: τ, speedup, the per-round split and plain-decode ms/token
+    cuda_tests `pytest -m cuda tests/integration/test_cuda.py` (GPU scale only, when time is left)
     profile    torch.profiler tables of a few training steps and eval rounds (when time is left)
 
 Outputs: ``$OUT`` when set (what the device tool brings back), else ``bench/results/``:
@@ -28,7 +29,6 @@ import datetime as dt
 import json
 import os
 import platform
-import shutil
 import signal
 import statistics
 import subprocess
@@ -62,7 +62,8 @@ def scale(tiny: bool) -> Dict[str, Any]:
     return dict(target="target=smollm2_135m", target_extra=[], prompts=1024, new_tokens=192, batch=256, steps=300,
                 global_batch=32, micro_batch=32, anchors=64, max_length=1024, layers=2, eval_samples=2,
                 eval_new_tokens=96, ab_prompts=256, ab_new_tokens=192,
-                timeouts=dict(env=60, convert=120, regen=120, regen_ab=75, cache=75, train=75, eval=60, profile=40))
+                timeouts=dict(env=60, convert=120, regen=120, regen_ab=75, cache=75, train=75, eval=60, cuda_tests=90,
+                              profile=40))
 
 
 def common(args, sc, work: Path) -> List[str]:
@@ -229,6 +230,12 @@ def eval_metrics(work: Path, name: str) -> Dict[str, Any]:
             "greedy_matched": gc.get("matched"), "greedy_compared": gc.get("compared")}
 
 
+def pytest_summary(log: Path) -> Optional[str]:
+    """The last line pytest printed ("9 passed in 31.2s")."""
+    lines = [x.strip() for x in log.read_text(errors="replace").splitlines() if x.strip()] if log.is_file() else []
+    return lines[-1] if lines else None
+
+
 def _read_json(p: Path) -> Optional[Dict[str, Any]]:
     try:
         return json.loads(Path(p).read_text())
@@ -357,11 +364,16 @@ def _f(x, nd=2) -> str:
     return str(x)
 
 
+def _pct(x) -> str:
+    return "–" if x is None else f"{100 * x:.1f}%"
+
+
 def summary_md(rec: Dict[str, Any]) -> str:
     e = rec.get("env") or {}
     L = [f"# Device run ({'tiny CPU scale' if rec['tiny'] else 'reference scale'}) — {rec['date']}", "",
          f"GPU: {e.get('gpu') or 'none'}; torch {e.get('torch')} (CUDA {e.get('cuda')}), transformers "
-         f"{e.get('transformers')}, Python {e.get('python')}, {e.get('cpus')} CPUs.  Total {_f(rec.get('total_s'), 1)} s.", "",
+         f"{e.get('transformers')}, Python {e.get('python')}, {e.get('cpus')} CPUs.  "
+         f"Total {_f(rec.get('total_s'), 1)} s.", "",
          "## Stages", "", "| stage | status | seconds | limit s |", "|---|---|---|---|"]
     for k, s in rec["stages"].items():
         L.append(f"| {k} | {s.get('status')} | {_f(s.get('seconds'), 1)} | {_f(s.get('limit_s'), 0)} |")
@@ -377,22 +389,26 @@ def summary_md(rec: Dict[str, Any]) -> str:
               + f"; speedup {_f(ab.get('speedup'))}×; identical answers {ab.get('identical')}/{ab.get('prompts')}."]
     c = rec.get("cache") or {}
     if c:
-        L += ["", f"Cache: {c.get('samples')} samples, {c.get('tokens')} tokens, {_f(c.get('bytes_per_token'), 0)} B/token."]
+        L += ["", f"Cache: {c.get('samples')} samples, {c.get('tokens')} tokens, "
+                  f"{_f(c.get('bytes_per_token'), 0)} B/token."]
     L += ["", "## Training (same step budget each)", "",
-          "| drafter | steps | step/s | tokens/s | data share | final loss | E[τ] (train) |", "|---|---|---|---|---|---|---|"]
+          "| drafter | steps | step/s | tokens/s | data share | final loss | E[τ] (train) |",
+          "|---|---|---|---|---|---|---|"]
     for k, t in (rec.get("train") or {}).items():
         L.append(f"| {k} | {t.get('steps')} | {_f(t.get('steps_per_s'))} | {_f(t.get('tokens_per_s'), 0)} | "
-                 f"{_f(100 * t['data_fraction'], 1) + '%' if t.get('data_fraction') is not None else '–'} | "
+                 f"{_pct(t.get('data_fraction'))} | "
                  f"{_f(t.get('final_loss'), 3)} | {_f(t.get('expected_tau'), 3)} |")
     L += ["", "## Eval (greedy, γ 7)", "",
-          "| drafter | τ | speedup | s/request | draft ms | verify ms | overhead ms | overhead share | plain decode ms/token "
-          "| verify ÷ plain | greedy equal |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+          "| drafter | τ | speedup | s/request | draft ms | verify ms | overhead ms | overhead share "
+          "| plain decode ms/token | verify ÷ plain | greedy equal |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for k, v in (rec.get("eval") or {}).items():
         L.append(f"| {k} | {_f(v.get('tau'), 3)} | {_f(v.get('speedup'))}× | {_f(v.get('s_per_request'))} | "
                  f"{_f(v.get('draft_ms'))} | {_f(v.get('verify_ms'))} | {_f(v.get('overhead_ms'))} | "
-                 f"{_f(100 * v['overhead_fraction'], 1) + '%' if v.get('overhead_fraction') is not None else '–'} | "
+                 f"{_pct(v.get('overhead_fraction'))} | "
                  f"{_f(v.get('plain_decode_ms_per_token'))} | {_f(v.get('verify_over_plain_decode'))} | "
                  f"{v.get('greedy_matched')}/{v.get('greedy_compared')} |")
+    if rec.get("cuda_tests"):
+        L += ["", f"CUDA-marked tests (tests/integration/test_cuda.py): {rec['cuda_tests']}"]
     gl = rec.get("goals") or {}
     if gl:
         L += ["", "## Issue 23 goals", "", "| goal | value | target | met |", "|---|---|---|---|"]
@@ -490,6 +506,10 @@ def main(argv=None) -> int:
               T["eval"], need=20)
         rec["eval"][name] = eval_metrics(work, name)
         save()
+    if not args.tiny:   # the CUDA-marked tests, when time is left (they skip without a GPU)
+        st = R.run("cuda_tests", _py("-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda",
+                                     "tests/integration/test_cuda.py"), T["cuda_tests"], need=40)
+        rec["cuda_tests"] = pytest_summary(work / "logs" / "cuda_tests.log") if st.get("status") != "skipped" else None
     if "dspark" in args.drafters:
         R.run("profile", _py(me, "--stage", "profile", *base), T["profile"], need=25)
     rec["total_s"] = round(time.monotonic() - R.t0, 1)
@@ -506,7 +526,8 @@ def main(argv=None) -> int:
         for rel in ("regen/regen.jsonl.job.json", "regen_ab.json", "cache/manifest.json", "env.json"):
             if (work / rel).is_file():
                 tar.add(work / rel, arcname=rel)
-    print(f"[device] done in {rec['total_s']} s → {rec_path}, {md_path}, {out_dir / 'device_run.logs.tar.gz'}", flush=True)
+    print(f"[device] done in {rec['total_s']} s → {rec_path}, {md_path}, {out_dir / 'device_run.logs.tar.gz'}",
+          flush=True)
     print(summary_md(rec), flush=True)
     failed = [k for k, s in rec["stages"].items() if s.get("status") == "failed"]
     return 1 if failed else 0

@@ -259,8 +259,9 @@ class ParallelDrafter(Drafter):
         if not 1 <= gamma <= self.cfg.gamma:
             raise ValueError(f"propose: gamma={gamma} outside 1..{self.cfg.gamma} (the trained block size)")
         dev = self.device
-        p = torch.tensor([[state.length]], device=dev)
-        a = torch.tensor([[int(anchor)]], device=dev)
+        # non_blocking: a small host → device copy without waiting for the queued GPU work
+        p = torch.tensor([[state.length]]).to(dev, non_blocking=True)
+        a = torch.tensor([[int(anchor)]]).to(dev, non_blocking=True)
         ctx = state.cache["ctx_kv"] or None
         if ctx is None:  # empty prompt: no context keys
             ctx = [None] * len(self.layers)

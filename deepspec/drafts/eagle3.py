@@ -279,10 +279,10 @@ class Eagle3Drafter(Drafter):
         L = state.length
         kv = list(state.cache["kv"])
         g = state.cache["pending"]
-        tok = torch.tensor([[int(anchor)]], device=self.device)
+        tok = torch.tensor([[int(anchor)]]).to(self.device, non_blocking=True)   # no wait for queued GPU work
         toks, probs = [], []
         for k in range(gamma):
-            pos = torch.tensor([[L - 1 + k]], device=self.device)
+            pos = torch.tensor([[L - 1 + k]]).to(self.device, non_blocking=True)
             h, new = self._step(tok, g, pos, self._prefixes(kv), None)
             kv = append_kv(kv, new)
             q = warp(self._head_logits(h)[0]).float()                                     # [1, V]

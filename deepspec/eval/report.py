@@ -20,6 +20,10 @@ def _f(x, nd: int = 2) -> str:
     return f"{x:.{nd}f}"
 
 
+def _pct(x) -> str:
+    return "–" if _f(x) == "–" else f"{100 * x:.1f}%"
+
+
 def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> List[str]:
     out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
@@ -205,9 +209,7 @@ def write_report(out_dir: Path, summary: Mapping[str, Any], plots: Optional[Mapp
             lines += _table(["draft ms", "verify ms", "overhead ms", "round ms", "overhead share",
                              "plain decode ms/token", "verify ÷ plain step"],
                             [[_f(rsplit.get("draft_ms")), _f(rsplit.get("verify_ms")), _f(rsplit.get("overhead_ms")),
-                              _f(rsplit.get("round_ms")),
-                              _f(100 * rsplit["overhead_fraction"], 1) + "%" if _f(rsplit.get("overhead_fraction")) != "–"
-                              else "–",
+                              _f(rsplit.get("round_ms")), _pct(rsplit.get("overhead_fraction")),
                               _f(rsplit.get("plain_decode_ms_per_token")), _f(rsplit.get("verify_over_plain_decode"))]])
             lines.append("")
 

@@ -232,7 +232,9 @@ def speculative_generate(target, drafter, prompt_ids, *, gamma: int, max_new_tok
         conf = _conf_list(conf_t) if need_conf else None
         # never verify more than the token budget can still use (the round emits ℓ + 1 tokens)
         ell = max(min(_verify_length(policy, conf, drafted), max_new_tokens - len(tokens) - 1), 0)
-        verify_ids = torch.cat([torch.tensor([anchor], dtype=torch.long, device=device), draft_t[:ell]])
+        # the anchor as a non-blocking host → device copy: no wait for the draft pass still queued on a GPU
+        verify_ids = torch.cat([torch.tensor([anchor], dtype=torch.long).to(device, non_blocking=True),
+                                draft_t[:ell]])
         m2 = marks.mark()
         vout = target.decode(verify_ids[None], cache)
         cache = vout.past_key_values
