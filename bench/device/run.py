@@ -98,8 +98,19 @@ class Runner:
     def __init__(self, work: Path, budget_s: float, record: Dict[str, Any], save, extra_env=None):
         self.work, self.budget, self.record, self.save = work, budget_s, record, save
         self.extra_env = dict(extra_env or {})
+        self.current: Optional[subprocess.Popen] = None
         self.t0 = time.monotonic()
         (work / "logs").mkdir(parents=True, exist_ok=True)
+        signal.signal(signal.SIGTERM, self._stopped)   # e.g. run.sh's overall `timeout`
+
+    def _stopped(self, signum, frame):
+        """Stopped from outside: end the running stage (its whole group) and keep what was recorded."""
+        if self.current is not None:
+            _kill_group(self.current)
+        self.record.setdefault("stages", {})["_stopped"] = {"status": "stopped",
+                                                           "after_s": round(time.monotonic() - self.t0, 1)}
+        self.save()
+        raise SystemExit(124)
 
     def left(self) -> float:
         return self.budget - (time.monotonic() - self.t0)
@@ -121,17 +132,23 @@ class Runner:
         env["PYTHONPATH"] = os.pathsep.join([str(REPO), *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]])
         with open(log, "w") as f:
             p = subprocess.Popen(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            self.current = p
             try:
                 rc = p.wait(timeout=allowed)
                 status = "ok" if rc == 0 else "failed"
             except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGTERM)
+                # SIGTERM to the stage's own process only: training saves a checkpoint and shuts its DataLoader
+                # workers down itself (a signal to the whole group would kill the workers under it first)
+                os.kill(p.pid, signal.SIGTERM)
                 try:
                     rc = p.wait(timeout=20)
                 except subprocess.TimeoutExpired:
-                    os.killpg(p.pid, signal.SIGKILL)
-                    rc = p.wait()
+                    rc = None
+                _kill_group(p)
+                rc = p.wait() if rc is None else rc
                 status = "timeout"
+            finally:
+                self.current = None
         st.update(status=status, returncode=rc, seconds=round(time.monotonic() - t, 2), limit_s=round(allowed, 1))
         if status != "ok":
             st["log_tail"] = log.read_text(errors="replace")[-1500:]
@@ -139,6 +156,13 @@ class Runner:
         self.save()
         print(f"[device] {name}: {status} in {st['seconds']:.1f} s", flush=True)
         return st
+
+
+def _kill_group(p: subprocess.Popen) -> None:
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def _py(*args: str) -> List[str]:
