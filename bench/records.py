@@ -45,3 +45,13 @@ def repo_relative(text: str) -> str:
         name = parts[-1]
         return name if name.startswith("python") else f"…/{name}"
     return ABSOLUTE_PATH.sub(cut, text)
+
+
+def write_record(record: dict, script: str, out: Optional[str] = None, label: Optional[str] = None) -> Path:
+    """Write ``record`` as JSON to ``out`` or the script's `record_path`; print and return where."""
+    import json
+    path = Path(out) if out else record_path(script, label)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"→ {path}")
+    return path

@@ -28,6 +28,10 @@ class EngineConfig:
     max_turns: Optional[int] = None
     # hf engine: sequences per generate call (halved automatically on CUDA OOM).
     batch_size: int = 16
+    # hf engine decode loop: auto (static on CUDA, else deepspec) | deepspec (own loop, finished rows
+    # leave the batch) | static (static KV cache, one CUDA graph replay per step on a GPU) | generate
+    # (transformers' model.generate).  The same tokens under greedy decoding in fp32.
+    hf_loop: str = "auto"
     # Samples scheduled together (turn by turn); None = 4 x batch_size (hf) or
     # 4 x total concurrency (openai).
     chunk_size: Optional[int] = None

@@ -50,6 +50,14 @@ class DraftState:
 Warp = Callable[[torch.Tensor], torch.Tensor]
 
 
+def draw(probs: torch.Tensor, warp: Warp, generator: Optional[torch.Generator] = None) -> torch.Tensor:
+    """``torch.multinomial(probs, 1)``; under a greedy warp (one-hot rows) the argmax, which is the
+    same token without drawing V exponentials per row."""
+    if getattr(warp, "greedy", False):
+        return probs.argmax(dim=-1, keepdim=True)
+    return torch.multinomial(probs, 1, generator=generator)
+
+
 def resolve_mask_token_id(cfg: DraftConfig, tokenizer) -> int:
     if cfg.mask_token_id is not None:
         return int(cfg.mask_token_id)

@@ -51,7 +51,7 @@ from typing import Dict, List, Optional
 import torch
 from torch import nn
 
-from .base import DraftState, Drafter, Proposal, batch_masks, init_linear_weights
+from .base import DraftState, Drafter, Proposal, batch_masks, draw, init_linear_weights
 from .context import append_kv
 from .layers import KV, DraftDims, DraftLayer, RMSNorm
 from .fused_loss import fused_logit_loss
@@ -274,14 +274,14 @@ class Eagle3Drafter(Drafter):
         L = state.length
         kv = list(state.cache["kv"])
         g = state.cache["pending"]
-        tok = torch.tensor([[int(anchor)]], device=self.device)
+        tok = torch.tensor([[int(anchor)]]).to(self.device, non_blocking=True)   # no wait for queued GPU work
         toks, probs = [], []
         for k in range(gamma):
-            pos = torch.tensor([[L - 1 + k]], device=self.device)
+            pos = torch.tensor([[L - 1 + k]]).to(self.device, non_blocking=True)
             h, new = self._step(tok, g, pos, self._prefixes(kv), None)
             kv = append_kv(kv, new)
             q = warp(self._head_logits(h)[0]).float()                                     # [1, N]
-            tok, q = self.to_target(torch.multinomial(q, 1, generator=generator), q)
+            tok, q = self.to_target(draw(q, warp, generator), q)
             toks.append(tok.reshape(1))
             probs.append(q)
             g = h

@@ -28,6 +28,8 @@ import torch
 # Logits per chunk (rows × V): 2M fp32 values = 8 MB per vocabulary-sized temporary (measured at
 # issue 26's config on one CPU thread: 1<<22 0.86 s/step, 1<<21 0.94 s, 1<<20 1.26 s; peak RSS falls with it).
 LOGITS_PER_CHUNK = 1 << 21
+# On a GPU 64M (256 MB): ~16x fewer chunks, i.e. fewer small kernels and autograd calls per step.
+LOGITS_PER_CHUNK_CUDA = 1 << 26
 
 STAT_NAMES = ("ce", "tv", "top1", "soft_ce", "in_vocab")
 
@@ -151,7 +153,8 @@ def fused_logit_loss(h: torch.Tensor, tgt_h: torch.Tensor, tokens: torch.Tensor,
     if (u is None) != (w2 is None):
         raise ValueError("fused_logit_loss: u and w2 go together")
     if chunk_rows is None:
-        chunk_rows = rows_per_chunk(vocab if vocab is not None else (w2.shape[-1] if w2 is not None else 1 << 16))
+        chunk_rows = rows_per_chunk(vocab if vocab is not None else (w2.shape[-1] if w2 is not None else 1 << 16),
+                                    LOGITS_PER_CHUNK_CUDA if h.is_cuda else LOGITS_PER_CHUNK)
     if (draft_vocab is None) != (t2d is None):
         raise ValueError("fused_logit_loss: draft_vocab and t2d go together")
     pair = None if draft_vocab is None else (draft_vocab, t2d)

@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import DraftState, Drafter, Proposal, batch_masks, init_linear_weights
+from .base import DraftState, Drafter, Proposal, batch_masks, draw, init_linear_weights
 from .context import ContextProjector, append_kv, context_kv
 from .heads import ConfidenceHead, build_sequential_head
 from .layers import KV, DraftDims, DraftLayer, RMSNorm
@@ -256,8 +256,9 @@ class ParallelDrafter(Drafter):
         if not 1 <= gamma <= self.cfg.gamma:
             raise ValueError(f"propose: gamma={gamma} outside 1..{self.cfg.gamma} (the trained block size)")
         dev = self.device
-        p = torch.tensor([[state.length]], device=dev)
-        a = torch.tensor([[int(anchor)]], device=dev)
+        # non_blocking: a small host → device copy without waiting for the queued GPU work
+        p = torch.tensor([[state.length]]).to(dev, non_blocking=True)
+        a = torch.tensor([[int(anchor)]]).to(dev, non_blocking=True)
         ctx = state.cache["ctx_kv"] or None
         if ctx is None:  # empty prompt: no context keys
             ctx = [None] * len(self.layers)
@@ -268,7 +269,7 @@ class ParallelDrafter(Drafter):
         base = self._head_logits(hn)                                                    # [γ, N]
         if self.head is None and self.conf_head is None:
             probs = warp(base).float()
-            toks, probs = self.to_target(torch.multinomial(probs, 1, generator=generator).squeeze(-1), probs)
+            toks, probs = self.to_target(draw(probs, warp, generator).squeeze(-1), probs)
             return Proposal(tokens=toks, probs=probs, confidence=None)
         toks, probs, confs = [], [], []
         prev = a.reshape(1)
@@ -282,7 +283,7 @@ class ParallelDrafter(Drafter):
             if self.conf_head is not None:
                 confs.append(torch.sigmoid(self.conf_head(hn[k:k + 1], e, prev).float()))
             q = warp(logits).float()
-            prev, q = self.to_target(torch.multinomial(q, 1, generator=generator).reshape(1), q)
+            prev, q = self.to_target(draw(q, warp, generator).reshape(1), q)
             toks.append(prev)
             probs.append(q)
         return Proposal(tokens=torch.cat(toks), probs=torch.cat(probs),

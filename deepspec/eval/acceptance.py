@@ -21,7 +21,7 @@ from typing import List, Optional
 
 import torch
 
-__all__ = ["Verification", "verify_greedy", "verify_sampling", "verify", "residual_distribution"]
+__all__ = ["Verification", "accept_greedy", "verify_greedy", "verify_sampling", "verify", "residual_distribution"]
 
 
 @dataclass(frozen=True)
@@ -60,11 +60,19 @@ def verify_greedy(draft_tokens, target_scores: torch.Tensor) -> Verification:
     g = len(draft)
     if target_scores.shape[0] < g + 1:
         raise ValueError(f"need {g + 1} target rows for {g} draft tokens, got {target_scores.shape[0]}")
-    best = target_scores[: g + 1].argmax(dim=-1).tolist()
+    return accept_greedy(draft, target_scores[: g + 1].argmax(dim=-1).tolist())
+
+
+def accept_greedy(draft: List[int], best: List[int]) -> Verification:
+    """Greedy verification from the target's argmax tokens ``best`` (γ + 1 of them, host ints):
+    what `verify_greedy` computes once the argmax rows are on the host."""
+    g = len(draft)
+    if len(best) < g + 1:
+        raise ValueError(f"need {g + 1} target argmax tokens for {g} draft tokens, got {len(best)}")
     n = 0
     while n < g and draft[n] == best[n]:
         n += 1
-    return Verification(accepted=n, next_token=int(best[n]), draft=tuple(draft))
+    return Verification(accepted=n, next_token=int(best[n]), draft=tuple(int(t) for t in draft))
 
 
 def verify_sampling(draft_tokens, draft_probs: torch.Tensor, target_probs: torch.Tensor,

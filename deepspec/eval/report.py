@@ -20,6 +20,10 @@ def _f(x, nd: int = 2) -> str:
     return f"{x:.{nd}f}"
 
 
+def _pct(x) -> str:
+    return "–" if _f(x) == "–" else f"{100 * x:.1f}%"
+
+
 def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> List[str]:
     out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
@@ -197,6 +201,17 @@ def write_report(out_dir: Path, summary: Mapping[str, Any], plots: Optional[Mapp
                   f"- draft (propose + advance): {pct(spec.get('draft_s', 0.0))}",
                   f"- target verify forward: {pct(spec.get('verify_s', 0.0))}",
                   f"- loop overhead (acceptance, cache rollback, bookkeeping): {pct(spec.get('overhead_s', 0.0))}", ""]
+        rsplit = sp.get("round_split")
+        if rsplit and rsplit.get("rounds"):
+            lines += [f"Per verification round (mean of {rsplit['rounds']} rounds, "
+                      f"{_f(rsplit.get('tokens_per_round'))} tokens emitted each), with plain decoding "
+                      "measured in the same run:", ""]
+            lines += _table(["draft ms", "verify ms", "overhead ms", "round ms", "overhead share",
+                             "plain decode ms/token", "verify ÷ plain step"],
+                            [[_f(rsplit.get("draft_ms")), _f(rsplit.get("verify_ms")), _f(rsplit.get("overhead_ms")),
+                              _f(rsplit.get("round_ms")), _pct(rsplit.get("overhead_fraction")),
+                              _f(rsplit.get("plain_decode_ms_per_token")), _f(rsplit.get("verify_over_plain_decode"))]])
+            lines.append("")
 
     gm = s.get("greedy_check")
     if gm is not None:

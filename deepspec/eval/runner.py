@@ -40,6 +40,7 @@ from ..targets.chat import encode_prompt
 from ..utils.fs import atomic_write, jsonl_line
 from . import reference_drafters  # noqa: F401  (registers target_as_draft / fixed_distribution_draft)
 from .benchmarks import Sample, domain_of, load_benchmarks
+from .latency import format_round_split, round_split
 from .metrics import (acceptance_metrics, cumulative_confidence_points, macro_average, nanmean, reliability,
                       speed_metrics, threshold_sweep)
 from .report import make_plots, write_report
@@ -189,7 +190,8 @@ def summarize(records: Sequence[RequestRecord], gamma: int, temperatures: Option
     base = speed_metrics(base_res) if base_res else None
     speed = {"spec": spec, "baseline": base,
              "speedup": spec["tokens_per_s"] / base["tokens_per_s"] if base and base["tokens_per_s"] > 0
-             else float("nan")}
+             else float("nan"),
+             "round_split": round_split([r.spec for r in records], base_res)}
     out: Dict[str, Any] = {"gamma": gamma, "benchmarks": benchmarks, "domains": macro["domains"],
                            "overall": macro["overall"], "speed": speed,
                            "pooled": acceptance_metrics([x for r in records for x in r.spec.rounds], gamma)}
@@ -376,4 +378,5 @@ def run(cfg) -> Dict[str, Any]:
     ov = summary["overall"]
     log.info("eval done: macro τ=%.3f, speedup=%.2fx → %s", ov.get("tau", float("nan")),
              summary["speed"]["speedup"], out / "report.md")
+    log.info("eval %s", format_round_split(summary["speed"]["round_split"]))
     return summary

@@ -31,7 +31,7 @@ from typing import Any, Iterable, List, Optional, Sequence
 
 import torch
 
-from .acceptance import verify_greedy, verify_sampling
+from .acceptance import accept_greedy, verify_sampling
 from .sampling import Warp, sample_token
 
 log = logging.getLogger(__name__)
@@ -109,13 +109,35 @@ class FixedLengthPolicy:
         return [int(c.shape[-1])] * int(c.shape[0])
 
 
-def _clock(device: torch.device):
-    if device.type == "cuda":
-        def now():
+class _Marks:
+    """Phase marks of the loop: CUDA events on a GPU (recorded on the stream, read once the generation
+    is over: no host synchronisation inside a round), ``perf_counter`` on the CPU."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def mark(self):
+        if self.cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            return e
+        return time.perf_counter()
+
+    def seconds(self, a, b) -> float:
+        """Time from mark ``a`` to mark ``b`` (on a GPU: after `finish`)."""
+        return a.elapsed_time(b) / 1e3 if self.cuda else b - a
+
+    def finish(self, device: torch.device) -> None:
+        if self.cuda:
             torch.cuda.synchronize(device)
-            return time.perf_counter()
-        return now
-    return time.perf_counter
+
+
+def _first_token(logits: torch.Tensor, warp: Warp, generator: Optional[torch.Generator]) -> int:
+    """A token from target logits [V]: argmax under greedy (what sampling the one-hot warp gives,
+    without drawing V exponentials), else a draw from the warped distribution."""
+    if warp.greedy:
+        return int(logits.argmax())
+    return sample_token(warp(logits), generator)
 
 
 def _ids_tensor(ids, device) -> torch.Tensor:
@@ -182,59 +204,85 @@ def speculative_generate(target, drafter, prompt_ids, *, gamma: int, max_new_tok
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     device = target.device
-    now = _clock(device)
+    marks = _Marks(device)
     eos = _eos_set(target, eos_token_ids)
     ids = _ids_tensor(prompt_ids, device)
 
-    t_start = now()
+    wall0 = time.perf_counter()
+    m_start = marks.mark()
     out = target.decode(ids[None])
     cache = out.past_key_values
     cache_len = ids.numel()
     state = drafter.init_state(ids, out.features[0])
-    anchor = sample_token(warp(out.logits[0, -1]), generator)
+    anchor = _first_token(out.logits[0, -1], warp, generator)
     tokens: List[int] = []
     stop = _append(tokens, [anchor], eos, max_new_tokens)
-    t_prefill = now() - t_start
-    result = GenerationResult(prompt_len=ids.numel(), tokens=tokens, stop_reason=stop or "", t_prefill=t_prefill)
+    m_prefill = marks.mark()
+    result = GenerationResult(prompt_len=ids.numel(), tokens=tokens, stop_reason=stop or "")
+    pending = []   # (RoundStats, its six marks): timings are read at the end
 
     while stop is None:
-        t0 = now()
+        m0 = marks.mark()
         prop = drafter.propose(state, anchor, gamma, warp, generator)
-        t1 = now()
-        draft = [int(x) for x in torch.as_tensor(prop.tokens).reshape(-1).tolist()][:gamma]
-        conf = _conf_list(getattr(prop, "confidence", None))
-        drafted = len(draft)
+        m1 = marks.mark()
+        draft_t = torch.as_tensor(prop.tokens).reshape(-1)[:gamma].to(device=device, dtype=torch.long)
+        drafted = int(draft_t.numel())
+        conf_t = getattr(prop, "confidence", None)
+        need_conf = policy is not None and not isinstance(policy, FixedLengthPolicy) and drafted > 0
+        conf = _conf_list(conf_t) if need_conf else None
         # never verify more than the token budget can still use (the round emits ℓ + 1 tokens)
-        ell = min(_verify_length(policy, conf, drafted), max_new_tokens - len(tokens) - 1)
-        ell = max(ell, 0)
-        verify_ids = torch.tensor([anchor] + draft[:ell], dtype=torch.long, device=device)
-        t2 = now()
+        ell = max(min(_verify_length(policy, conf, drafted), max_new_tokens - len(tokens) - 1), 0)
+        # the anchor as a non-blocking host → device copy: no wait for the draft pass still queued on a GPU
+        verify_ids = torch.cat([torch.tensor([anchor], dtype=torch.long).to(device, non_blocking=True),
+                                draft_t[:ell]])
+        m2 = marks.mark()
         vout = target.decode(verify_ids[None], cache)
         cache = vout.past_key_values
-        t3 = now()
+        m3 = marks.mark()
         if warp.greedy:
-            res = verify_greedy(draft[:ell], vout.logits[0])
+            # one device -> host transfer per round: the drafts and the target's argmax at ℓ + 1 rows
+            best = vout.logits[0, : ell + 1].argmax(dim=-1)
+            host = torch.cat([draft_t, best]).tolist()
+            draft, res = host[:drafted], accept_greedy(host[:ell], host[drafted:])
         else:
+            draft = draft_t.tolist()
             res = verify_sampling(draft[:ell], prop.probs[:ell] if ell else None, warp(vout.logits[0]), generator)
+        if conf is None and conf_t is not None:
+            conf = _conf_list(conf_t)
         n = res.accepted
         target.rollback(cache, cache_len + 1 + n)
         cache_len += 1 + n
         before = len(tokens)
         stop = _append(tokens, res.tokens, eos, max_new_tokens)
-        t4 = now()
+        m4 = marks.mark()
         if stop is None:
             drafter.advance(state, verify_ids[: n + 1], vout.features[0, : n + 1])
-        t5 = now()
+        m5 = marks.mark()
         rs = RoundStats(drafted=drafted, proposed=ell, accepted=n, emitted=len(tokens) - before,
-                        draft_tokens=draft, confidence=conf,
-                        t_draft=(t1 - t0) + (t5 - t4), t_verify=t3 - t2, t_overhead=(t2 - t1) + (t4 - t3))
+                        draft_tokens=draft, confidence=conf)
+        if not marks.cuda:
+            _set_times(rs, marks, (m0, m1, m2, m3, m4, m5))
+        else:
+            pending.append((rs, (m0, m1, m2, m3, m4, m5)))
         result.rounds.append(rs)
         if on_round is not None:
             on_round(len(result.rounds) - 1, rs)
         anchor = res.next_token
+    m_end = marks.mark()
+    marks.finish(device)
+    for rs, m in pending:
+        _set_times(rs, marks, m)
     result.stop_reason = stop
-    result.t_total = now() - t_start
+    result.t_prefill = marks.seconds(m_start, m_prefill)
+    result.t_total = marks.seconds(m_start, m_end) if marks.cuda else time.perf_counter() - wall0
     return result
+
+
+def _set_times(rs: RoundStats, marks: _Marks, m) -> None:
+    m0, m1, m2, m3, m4, m5 = m
+    rs.t_draft = marks.seconds(m0, m1) + marks.seconds(m4, m5)
+    rs.t_verify = marks.seconds(m2, m3)
+    rs.t_overhead = marks.seconds(m1, m2) + marks.seconds(m3, m4)
 
 
 @torch.inference_mode()
@@ -245,22 +293,26 @@ def target_generate(target, prompt_ids, *, max_new_tokens: int, warp: Warp,
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     device = target.device
-    now = _clock(device)
+    marks = _Marks(device)
     eos = _eos_set(target, eos_token_ids)
     ids = _ids_tensor(prompt_ids, device)
-    t_start = now()
+    wall0 = time.perf_counter()
+    m_start = marks.mark()
     out = target.decode(ids[None])
     cache = out.past_key_values
-    tok = sample_token(warp(out.logits[0, -1]), generator)
+    tok = _first_token(out.logits[0, -1], warp, generator)
     tokens: List[int] = []
     stop = _append(tokens, [tok], eos, max_new_tokens)
-    t_prefill = now() - t_start
+    m_prefill = marks.mark()
     step = torch.empty(1, 1, dtype=torch.long, device=device)
     while stop is None:
         step.fill_(tok)
         out = target.decode(step, cache)
         cache = out.past_key_values
-        tok = sample_token(warp(out.logits[0, -1]), generator)
+        tok = _first_token(out.logits[0, -1], warp, generator)
         stop = _append(tokens, [tok], eos, max_new_tokens)
+    m_end = marks.mark()
+    marks.finish(device)
     return GenerationResult(prompt_len=ids.numel(), tokens=tokens, stop_reason=stop,
-                            t_prefill=t_prefill, t_total=now() - t_start)
+                            t_prefill=marks.seconds(m_start, m_prefill),
+                            t_total=marks.seconds(m_start, m_end) if marks.cuda else time.perf_counter() - wall0)

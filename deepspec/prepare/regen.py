@@ -113,10 +113,11 @@ def _regenerate(cfg, engine: Optional[Engine]) -> Path:
         resumed = len(mine) - len(todo)
         if resumed and group.is_main:
             print(f"regenerate: resuming, {resumed} sample(s) already done on this rank", flush=True)
-        ran = _run_rank(cfg, engine, group, train, todo, params, store, len(mine), resumed) if todo else (0, 0, 0)
+        ran = _run_rank(cfg, engine, group, train, todo, params, store, len(mine), resumed) if todo else (0, 0, 0, 0.0)
         group.barrier()
         if group.is_main:
-            _report(paths, len(train), job.finish(store), resumed, sum(ran[:2]), time.time() - t0)
+            speed = _speed(ran, group.world)
+            _report(paths, len(train), job.finish(store, speed), resumed, sum(ran[:2]), time.time() - t0, speed)
         group.barrier()
         return paths.output
     finally:
@@ -148,10 +149,11 @@ def _sample_meta(engine: Engine, params: SamplingParams) -> Dict[str, Any]:
 
 
 def _run_rank(cfg, engine: Optional[Engine], group: _RankGroup, train: Sequence[Conversation], todo: List[int],
-              params: SamplingParams, store: PartStore, total: int, resumed: int) -> Tuple[int, int, int]:
+              params: SamplingParams, store: PartStore, total: int, resumed: int) -> Tuple[int, int, int, float]:
     """Regenerate this rank's pending samples chunk by chunk, appending each chunk to the part file.
 
-    Builds (and closes) the engine unless one is given.  Returns (ok, failed, tokens) of this run."""
+    Builds (and closes) the engine unless one is given.  Returns (ok, failed, new tokens, seconds spent
+    generating — the engine's loading not included) of this run."""
     ecfg = cfg.engine
     own = engine is None
     if own:
@@ -185,18 +187,31 @@ def _run_rank(cfg, engine: Optional[Engine], group: _RankGroup, train: Sequence[
         finally:
             bar.close()
             store.close()
+        seconds = time.time() - start
     finally:
         if own:
             engine.close()
-    return gen_ok, gen_fail, tokens
+    return gen_ok, gen_fail, tokens, seconds
+
+
+def _speed(ran: Tuple[int, int, int, float], world: int) -> Dict[str, Any]:
+    """Rank 0's generation rate in this run (new tokens ÷ seconds generating), for the job record."""
+    ok, failed, tokens, seconds = ran
+    return {"samples": ok + failed, "new_tokens": tokens, "seconds": round(seconds, 3),
+            "tokens_per_s": round(tokens / seconds, 1) if seconds > 0 else None, "ranks": world,
+            "of": "rank 0" if world > 1 else "this run"}
 
 
 # -- assembly ------------------------------------------------------------------------------------------
 def _report(paths: RegenPaths, n_train: int, outcome: Tuple[int, int, int, int], resumed: int, ran: int,
-            seconds: float) -> None:
+            seconds: float, speed: Optional[Dict[str, Any]] = None) -> None:
     n_ok, n_bad, n_retry, n_tok = outcome
+    rate = ""
+    if speed and speed.get("tokens_per_s"):
+        rate = (f" ({speed['new_tokens']} generated now in {speed['seconds']:.1f}s: "
+                f"{speed['tokens_per_s']:.0f} tok/s{' on rank 0' if speed['ranks'] > 1 else ''})")
     print(f"regenerate: {n_train} train samples: {n_ok} ok, {n_bad} failed "
-          f"({resumed} resumed, {ran} run now on rank 0); {n_tok} tokens; "
+          f"({resumed} resumed, {ran} run now on rank 0); {n_tok} tokens{rate}; "
           f"{seconds:.1f}s → {paths.output}"
           + (f"; failures in {paths.errors}" if n_bad else "")
           + (f" ({n_retry} transient: re-run to retry; {n_bad - n_retry} final: the prompt is the cause)"

@@ -136,13 +136,14 @@ class RegenJob:
             store.clear()
         self._record(complete=False, started=time.strftime("%Y-%m-%dT%H:%M:%S"))
 
-    def finish(self, store: PartStore) -> Tuple[int, int, int, int]:
-        """Rank 0, after every rank ran: assemble the output, record the outcome; the part files stay
-        only while some failure can be retried.  Returns (ok, failed, retryable, tokens)."""
+    def finish(self, store: PartStore, speed: Optional[Dict[str, Any]] = None) -> Tuple[int, int, int, int]:
+        """Rank 0, after every rank ran: assemble the output, record the outcome (and ``speed``, this run's
+        generation rate); the part files stay only while some failure can be retried.
+        Returns (ok, failed, retryable, tokens)."""
         n_ok, n_bad, n_tok = assemble(self.paths, self.train, store, fsync=self.ecfg.fsync)
         n_retry = sum(1 for e in store.load().values() if retryable(e))
         self._record(complete=True, ok=n_ok, failed=n_bad, retryable=n_retry, num_tokens=n_tok,
-                     finished=time.strftime("%Y-%m-%dT%H:%M:%S"))
+                     finished=time.strftime("%Y-%m-%dT%H:%M:%S"), **({"speed": speed} if speed else {}))
         if n_retry == 0:
             store.clear()
         return n_ok, n_bad, n_retry, n_tok

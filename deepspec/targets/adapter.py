@@ -8,9 +8,8 @@ The final post-norm hidden state (the LM head's input) is kept separately.
 from __future__ import annotations
 
 import hashlib
-import inspect
 import logging
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -18,6 +17,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
+from .attention import cache_kwarg, offset_causal, supported as attention_supported
 from .chat import ChatEncoding, encode_chat
 
 log = logging.getLogger(__name__)
@@ -95,6 +95,10 @@ class TargetAdapter:
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.softcap = getattr(self.config, "final_logit_softcapping", None)
         self._fingerprint: Optional[Dict[str, str]] = None
+        # Single-sequence decode through causal attention kernels without mask tensors
+        # (`targets/attention.py`): None = on CUDA, True/False to force.
+        self.fast_attention: Optional[bool] = None
+        self._offset_ok: Optional[bool] = None
 
     # -- shared frozen modules -------------------------------------------------
     @property
@@ -198,12 +202,26 @@ class TargetAdapter:
         if past_key_values is None:
             past_key_values = self.new_cache()
         kw = {self._cache_kwarg: past_key_values}
-        with self._record_layers() as rec:
+        fast = attention_mask is None and input_ids.shape[0] == 1 and self._use_offset_causal()
+        with self._record_layers() as rec, (offset_causal(self.model) if fast else nullcontext()):
             out = self.decoder(input_ids=input_ids.to(self.device), attention_mask=attention_mask,
                                use_cache=True, **kw)
         last = out.last_hidden_state
         return DecodeOutput(logits=self.logits_from_hidden(last), features=rec.features(),
                             last_hidden=last, past_key_values=past_key_values)
+
+    def _use_offset_causal(self) -> bool:
+        """`fast_attention`: None = on CUDA where the model supports it (`targets/attention.py`)."""
+        want = self.fast_attention
+        if want is None:
+            want = self.device.type == "cuda"
+        if not want:
+            return False
+        if self._offset_ok is None:
+            self._offset_ok = attention_supported(self.model)
+            if not self._offset_ok:
+                log.info("target %s: stock attention for decoding (sliding window, soft-cap or not sdpa)", self.name)
+        return self._offset_ok
 
     @staticmethod
     def new_cache():
@@ -226,8 +244,7 @@ class TargetAdapter:
     @property
     def _cache_kwarg(self) -> str:
         if not hasattr(self, "_cache_kw"):
-            params = inspect.signature(self.decoder.forward).parameters
-            self._cache_kw = "cache" if "cache" in params else "past_key_values"
+            self._cache_kw = cache_kwarg(self.decoder.forward)
         return self._cache_kw
 
     # -- chat ----------------------------------------------------------------------

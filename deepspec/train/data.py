@@ -308,6 +308,20 @@ def build_micro_batch(source, items: Sequence[Tuple[int, int]], anchors_per_sequ
     return collate(samples, anchors, pad_to_multiple_of)
 
 
+def loader_workers(num_workers: Optional[int], device: torch.device, world_size: int = 1,
+                   online: bool = False) -> int:
+    """``train.num_workers``, or None = auto: on a GPU up to 4 worker processes per rank read, decompress and
+    collate the next micro-batches while the chip computes (the main process only copies pinned batches);
+    on a CPU 0 (workers would take cores from the step), as in online mode (no decompression to hide)."""
+    if num_workers is not None:
+        return max(0, int(num_workers))
+    if device.type != "cuda" or online:
+        return 0
+    import os
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(4, cpus // max(world_size, 1) - 1))
+
+
 def heldout_micro_batches(indices: Sequence[int], micro_batch: int, rank: int, world_size: int,
                           max_sequences: Optional[int] = None) -> List[Tuple[List[Tuple[int, int]], float]]:
     """This rank's share of the held-out micro-batches; every rank gets the same count (padded with

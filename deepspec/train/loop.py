@@ -40,7 +40,7 @@ from deepspec.targets import load_target
 from . import checkpoint as ckpt
 from .accumulate import Accumulator, metric_keys, reduce_stats
 from .data import (CachedSequences, GlobalBatchPlan, MicroBatches, OnlineFeatures, OnlineSequences,
-                   build_micro_batch, check_batch_sizes, heldout_micro_batches, split_heldout)
+                   build_micro_batch, check_batch_sizes, heldout_micro_batches, loader_workers, split_heldout)
 from .logging import MetricsLogger, config_as_dict, progress_postfix
 from .optim import lr_at
 from .precision import use_bf16
@@ -246,9 +246,11 @@ class Trainer:
         ds = MicroBatches(self.source, self.plan, self.env.rank, self.step, self.consumed,
                           self.total_steps - self.step, tc.anchors_per_sequence, self.cfg.seed,
                           tc.pad_to_multiple_of)
-        return torch.utils.data.DataLoader(ds, batch_size=None, shuffle=False, num_workers=tc.num_workers,
+        workers = loader_workers(tc.num_workers, self.env.device, self.env.world_size, self.online)
+        extra = {"persistent_workers": True} if workers else {}
+        return torch.utils.data.DataLoader(ds, batch_size=None, shuffle=False, num_workers=workers,
                                            pin_memory=self.env.device.type == "cuda",
-                                           worker_init_fn=ignore_sigint if tc.num_workers else None)
+                                           worker_init_fn=ignore_sigint if workers else None, **extra)
 
     def _to_device(self, batch: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
         batch = {k: v.to(self.env.device, non_blocking=True) for k, v in batch.items()}
@@ -272,8 +274,11 @@ class Trainer:
             t0 = time.perf_counter()
             lr = lr_at(self.step, self.total_steps, tc.lr, tc.warmup_ratio, tc.min_lr_ratio)
             acc = Accumulator()
+            t_data = 0.0
             for a in range(self.accum):
+                td = time.perf_counter()
                 batch = self._to_device(next(batches))
+                t_data += time.perf_counter() - td
                 last = a == self.accum - 1
                 with self.strategy.sync(last):
                     with self._autocast():
@@ -289,7 +294,7 @@ class Trainer:
             record = {**{f"train/{k}": v for k, v in stats["metrics"].items()},
                       "train/loss": stats["loss"], "lr": lr, "grad_norm": grad_norm,
                       "tokens_per_s": stats["tokens"] / max(dt, 1e-9), "tokens": stats["tokens"],
-                      "step_time_s": dt, "epoch": self.consumed / len(self.train_idx),
+                      "step_time_s": dt, "data_time_s": t_data, "epoch": self.consumed / len(self.train_idx),
                       "sequences": self.consumed}
             if tc.verify_sync:
                 record["param_sync_diff"] = self._sync_diff()

@@ -44,6 +44,12 @@ def test_eval_random_init_greedy_report(tmp_path, eval_data_dir):
         assert 0 < m["generated_tokens"] <= 12 * m["requests"]
     assert res["greedy_check"]["compared"] == 4 and res["greedy_check"]["matched"] == 4
     assert res["speed"]["spec"]["verify_s"] > 0 and res["speed"]["baseline"]["tokens_per_s"] > 0
+    rs = res["speed"]["round_split"]   # per-round split + the plain-decode step of the same run
+    assert rs["rounds"] == sum(b["all_turns"]["rounds"] for b in res["benchmarks"].values())
+    assert rs["verify_ms"] > 0 and rs["draft_ms"] > 0 and rs["overhead_ms"] >= 0
+    assert rs["round_ms"] == pytest.approx(rs["draft_ms"] + rs["verify_ms"] + rs["overhead_ms"])
+    assert 0 <= rs["overhead_fraction"] < 1 and rs["plain_decode_ms_per_token"] > 0
+    assert rs["verify_over_plain_decode"] == pytest.approx(rs["verify_ms"] / rs["plain_decode_ms_per_token"])
     assert summary["overall"]["tau"] == pytest.approx(res["overall"]["tau"])
     # rollouts: one line per round, readable by the scheduler's reader
     rolls = _read_jsonl(out / "rollouts.jsonl")
@@ -57,6 +63,7 @@ def test_eval_random_init_greedy_report(tmp_path, eval_data_dir):
     assert [s["request_id"] for s in samples] == ["gsm8k/0", "humaneval/0", "mt-bench/0/t0", "mt-bench/0/t1"]
     report = (out / "report.md").read_text()
     assert "Macro τ" in report and "mt-bench (turn 1)" in report and "Speedup" in report
+    assert "verify ÷ plain step" in report and "plain decode ms/token" in report
 
 
 def test_eval_checkpoint_with_calibration_and_threshold(tmp_path, eval_data_dir):

@@ -84,8 +84,10 @@ def test_hf_engine_end_to_end(tmp_path, capsys):
     assert not (regen_dir / "regen.jsonl.parts").exists()
     job = json.loads((regen_dir / "regen.jsonl.job.json").read_text())
     assert job["complete"] and job["ok"] == len(rows) and job["failed"] == 0
+    sp = job["speed"]   # this run's generation rate, in the record and the summary line
+    assert sp["new_tokens"] == job["num_tokens"] and sp["seconds"] > 0 and sp["tokens_per_s"] > 0
     printed = capsys.readouterr().out
-    assert "1 skipped" in printed and "held-out" in printed
+    assert "1 skipped" in printed and "held-out" in printed and " tok/s" in printed
     # a re-run with the same config does nothing (and builds no engine)
     before = out.read_bytes()
     regenerate(cfg)

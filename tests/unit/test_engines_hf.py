@@ -117,3 +117,37 @@ def test_hub_generation_defaults_do_not_leak(llama):
         assert model.generation_config.repetition_penalty == 1.5  # restored after the call
     finally:
         model.generation_config = saved
+
+
+@pytest.mark.parametrize("loop", ["deepspec", "static"])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_own_loops_equal_generate_with_rows_finishing_early(llama, temperature, loop):
+    """The engine's decode loops (finished rows leave the batch; static cache, graph-ready) give the
+    tokens of transformers' generate, greedy and sampled, also when rows end at different steps."""
+    model, tok = llama
+    sp = SamplingParams(max_new_tokens=16, temperature=temperature, seed=3)
+    P, keys = _prompts(8), [f"k{i}" for i in range(8)]
+    ref = HFEngine(model, tok, batch_size=8, loop="generate")
+    raw = [ref.encode(p) for p in P]
+    full = ref._generate_hf(raw, [0] * 8, SamplingParams(max_new_tokens=16, temperature=0.0))
+    # an end-of-sequence token that most rows meet, at different steps, and some row never does
+    rows_with = {t: sum(t in r for r in full) for r in full for t in r}
+    eos = [max((t for t, n in rows_with.items() if n < len(full)), key=lambda t: (rows_with[t], -t))]
+    a = HFEngine(model, tok, batch_size=8, loop="generate", eos_token_ids=eos).generate(P, sp, keys=keys)
+    b = HFEngine(model, tok, batch_size=8, eos_token_ids=eos, loop=loop).generate(P, sp, keys=keys)
+    assert [(x.text, x.num_tokens, x.finish_reason) for x in a] == [(x.text, x.num_tokens, x.finish_reason) for x in b]
+    if temperature == 0:
+        assert {x.finish_reason for x in b} == {"stop", "length"} and len({x.num_tokens for x in b}) > 2
+
+
+def test_unknown_loop_is_refused(llama):
+    with pytest.raises(ValueError, match="hf_loop"):
+        HFEngine(*llama, loop="fast")
+
+
+def test_auto_loop_is_the_dynamic_one_on_cpu_and_static_is_refused_for_sliding_windows(llama):
+    assert HFEngine(*llama).loop == "deepspec"
+    from deepspec.targets.tiny import build_tiny
+    model, tok = build_tiny("gemma3")
+    with pytest.raises(ValueError, match="hf_loop=static"):
+        HFEngine(model, tok, loop="static")

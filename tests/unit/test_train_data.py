@@ -155,3 +155,11 @@ def test_online_sequences_and_features_match_per_sample_capture(tmp_path, tiny_l
         assert (batch["features"][r, n:] == 0).all()
     bf = OnlineFeatures(t)(build_micro_batch(src, [(0, 0)], 4, 0))
     assert bf["features"].dtype == torch.bfloat16       # what the cache stores
+
+
+def test_loader_workers_auto_and_explicit():
+    from deepspec.train.data import loader_workers
+    cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
+    assert loader_workers(None, cpu) == 0 and loader_workers(None, gpu, online=True) == 0
+    assert 1 <= loader_workers(None, gpu) <= 4 and loader_workers(None, gpu, world_size=10 ** 6) == 1
+    assert loader_workers(3, cpu) == 3 and loader_workers(0, gpu) == 0

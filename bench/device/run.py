@@ -1,0 +1,561 @@
+"""The prepared device run (issue 23): one command on a machine with one GPU, ≤ 9 minutes.
+
+    bash bench/device/run.sh                 # the GPU run (reference target SmolLM2-135M-Instruct)
+    TINY=1 bash bench/device/run.sh          # the same stages at a tiny scale on a CPU (tests/integration)
+
+Stages, each a subprocess with its own time limit (SIGTERM, then SIGKILL 20 s later; a training run
+saves a checkpoint on SIGTERM and the eval uses it) inside an overall budget (``--budget-s``):
+
+    env        GPU name, versions
+    convert    `deepspec target fetch smollm2-135m` (GGUF → bf16 HF directory; skipped when cached)
+    regen      `python -m deepspec.prepare.regen`: regenerate answers (embedded engine, ``engine.hf_loop=auto``)
+    regen_ab   bench/regen_throughput.py: the same batch through transformers' generate and the engine's
+               loop — tok/s of each and identical greedy answers
+    cache      `deepspec prepare` (regeneration reused): hidden-state cache
+    train_*    `deepspec train` per drafter (dspark, dflash, eagle3) with the same step budget
+    eval_*     `deepspec eval` per drafter: τ, speedup, the per-round split and plain-decode ms/token
+    cuda_tests `pytest -m cuda tests/integration/test_cuda.py` (GPU scale only, when time is left)
+    profile    torch.profiler tables of a few training steps and eval rounds (when time is left)
+
+Outputs: ``$OUT`` when set (what the device tool brings back), else ``bench/results/``:
+``device_run.json`` (the record), ``device_run.md`` (the summary) and ``device_run.logs.tar.gz`` (stage logs,
+eval reports, training metrics, profiler tables — never the cache or the regenerated data).  Scratch
+(models, data, cache, checkpoints) goes to ``--work`` (default ``bench/work/device_run``).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+REPO = Path(__file__).resolve().parents[2]
+DRAFTERS = {
+    "dspark": ["draft=dspark"],
+    "dflash": ["draft=dflash"],
+    "eagle3": ["draft=eagle3", "draft.ttt_dense=false"],
+}
+EVAL_BENCHES = ["gsm8k", "humaneval", "mt-bench"]
+# Issue 23's measurements on one H200 before this work (the goals are ratios of these).
+BEFORE = {"regen_tok_s": 2400.0, "train_dspark_step_s": 1.13, "train_eagle3_step_s": 2.56, "eval_s_per_request": 14.5}
+
+
+# -- scales ------------------------------------------------------------------------------------------
+def scale(tiny: bool) -> Dict[str, Any]:
+    if tiny:
+        return dict(target="target.path=tiny:llama",
+                    target_extra=["target.num_feature_layers=2", "target.device=cpu", "data.heldout_fraction=0.15"],
+                    prompts=32, new_tokens=16, batch=8, steps=3, global_batch=4, micro_batch=4, anchors=8,
+                    max_length=256, layers=1, eval_samples=1, eval_new_tokens=12, ab_prompts=8, ab_new_tokens=12,
+                    timeouts=dict(env=60, convert=60, regen=120, regen_ab=120, cache=120, train=150, eval=150,
+                                  profile=120))
+    # sized for ≤ 9 minutes on one H200 with the rates measured before issue 23 as the worst case
+    return dict(target="target=smollm2_135m", target_extra=[], prompts=1024, new_tokens=192, batch=256, steps=300,
+                global_batch=32, micro_batch=32, anchors=64, max_length=1024, layers=2, eval_samples=2,
+                eval_new_tokens=96, ab_prompts=256, ab_new_tokens=192,
+                timeouts=dict(env=60, convert=120, regen=120, regen_ab=75, cache=75, train=75, eval=60, cuda_tests=90,
+                              profile=40))
+
+
+def common(args, sc, work: Path) -> List[str]:
+    return [sc["target"], *sc["target_extra"], "data.source=jsonl", f"data.path={args.prompts_path}",
+            f"data.max_samples={sc['prompts']}", "data.on_error=skip", f"data.max_length={sc['max_length']}",
+            f"data.regen_path={work / 'regen' / 'regen.jsonl'}", f"cache.dir={work / 'cache'}",
+            f"engine.max_new_tokens={sc['new_tokens']}", f"engine.batch_size={sc['batch']}", "engine.max_turns=1",
+            "engine.temperature=0.7", "engine.progress=false"]
+
+
+def train_overrides(sc, work: Path, name: str) -> List[str]:
+    layers = [] if name == "eagle3" else [f"draft.num_layers={sc['layers']}", "draft.loss.chunk_size=1024"]
+    return [*DRAFTERS[name], *layers, f"run_dir={work / 'runs' / name}", "train.strategy=single",
+            f"train.max_steps={sc['steps']}", f"train.global_batch_sequences={sc['global_batch']}",
+            f"train.micro_batch_sequences={sc['micro_batch']}", f"train.anchors_per_sequence={sc['anchors']}",
+            f"train.max_length={sc['max_length']}", "train.save_every=0", "train.eval_every=0",
+            "train.tensorboard=false", "train.bf16=null", "train.resume=false"]
+
+
+def eval_overrides(sc, work: Path, name: str, ckpt: Optional[str], eval_dir: Path, benches: List[str]) -> List[str]:
+    out = [*DRAFTERS[name], f"run_dir={work / 'runs' / name}", f"eval.out_dir={work / 'eval' / name}",
+           f"eval.data_dir={eval_dir}", f"eval.benchmarks=[{','.join(benches)}]",
+           f"eval.max_samples={sc['eval_samples']}", f"eval.max_new_tokens={sc['eval_new_tokens']}",
+           "eval.temperature=0", "eval.progress=false", "eval.rerun=true"]
+    if name != "eagle3":
+        out.append(f"draft.num_layers={sc['layers']}")
+    return out + ([f"eval.checkpoint={ckpt}"] if ckpt else [])
+
+
+# -- running stages ------------------------------------------------------------------------------------
+class Runner:
+    def __init__(self, work: Path, budget_s: float, record: Dict[str, Any], save, extra_env=None):
+        self.work, self.budget, self.record, self.save = work, budget_s, record, save
+        self.extra_env = dict(extra_env or {})
+        self.current: Optional[subprocess.Popen] = None
+        self.t0 = time.monotonic()
+        (work / "logs").mkdir(parents=True, exist_ok=True)
+        signal.signal(signal.SIGTERM, self._stopped)   # e.g. run.sh's overall `timeout`
+
+    def _stopped(self, signum, frame):
+        """Stopped from outside: end the running stage (its whole group) and keep what was recorded."""
+        if self.current is not None:
+            _kill_group(self.current)
+        self.record.setdefault("stages", {})["_stopped"] = {"status": "stopped",
+                                                           "after_s": round(time.monotonic() - self.t0, 1)}
+        self.save()
+        raise SystemExit(124)
+
+    def left(self) -> float:
+        return self.budget - (time.monotonic() - self.t0)
+
+    def run(self, name: str, cmd: List[str], limit: float, need: float = 0.0) -> Dict[str, Any]:
+        """Run ``cmd`` with ``min(limit, time left)`` seconds; its stdout+stderr go to logs/<name>.log."""
+        st: Dict[str, Any] = {"command": " ".join(cmd[1:]) if cmd[0] == sys.executable else " ".join(cmd)}
+        allowed = min(limit, self.left())
+        if allowed < max(need, 5.0):
+            st.update(status="skipped", reason=f"{self.left():.0f} s left of the budget")
+            self.record["stages"][name] = st
+            self.save()
+            print(f"[device] {name}: skipped ({st['reason']})", flush=True)
+            return st
+        log = self.work / "logs" / f"{name}.log"
+        print(f"[device] {name}: up to {allowed:.0f} s …", flush=True)
+        t = time.monotonic()
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", **self.extra_env}
+        env["PYTHONPATH"] = os.pathsep.join([str(REPO), *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]])
+        with open(log, "w") as f:
+            p = subprocess.Popen(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            self.current = p
+            try:
+                rc = p.wait(timeout=allowed)
+                status = "ok" if rc == 0 else "failed"
+            except subprocess.TimeoutExpired:
+                # SIGTERM to the stage's own process only: training saves a checkpoint and shuts its DataLoader
+                # workers down itself (a signal to the whole group would kill the workers under it first)
+                os.kill(p.pid, signal.SIGTERM)
+                try:
+                    rc = p.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    rc = None
+                _kill_group(p)
+                rc = p.wait() if rc is None else rc
+                status = "timeout"
+            finally:
+                self.current = None
+        st.update(status=status, returncode=rc, seconds=round(time.monotonic() - t, 2), limit_s=round(allowed, 1))
+        if status != "ok":
+            st["log_tail"] = log.read_text(errors="replace")[-1500:]
+        self.record["stages"][name] = st
+        self.save()
+        print(f"[device] {name}: {status} in {st['seconds']:.1f} s", flush=True)
+        return st
+
+
+def _kill_group(p: subprocess.Popen) -> None:
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _py(*args: str) -> List[str]:
+    return [sys.executable, *args]
+
+
+def _cli(*args: str) -> List[str]:
+    return _py("-m", "deepspec.cli", *args)
+
+
+# -- measurements read back from each stage's files ---------------------------------------------------
+def env_info() -> Dict[str, Any]:
+    import torch
+    import transformers
+    info = {"python": platform.python_version(), "platform": platform.platform(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "cuda": torch.version.cuda,
+            "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+            "gpu": None}
+    if torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        info.update(gpu=torch.cuda.get_device_name(0), gpu_memory_gib=round(p.total_memory / 2 ** 30, 1),
+                    bf16=torch.cuda.is_bf16_supported())
+    return info
+
+
+def regen_metrics(work: Path) -> Dict[str, Any]:
+    job = _read_json(work / "regen" / "regen.jsonl.job.json") or {}
+    out = {k: job.get(k) for k in ("ok", "failed", "num_tokens")}
+    out.update(job.get("speed") or {})
+    log = (work / "logs" / "regen.log")
+    text = log.read_text(errors="replace") if log.is_file() else ""
+    for line in text.splitlines():
+        if line.startswith("[engine]"):
+            out["engine"] = line[len("[engine]"):].strip()
+    return out
+
+
+def cache_metrics(work: Path, seconds: Optional[float]) -> Dict[str, Any]:
+    man = _read_json(work / "cache" / "manifest.json")
+    if not man:
+        return {}
+    shards = man.get("shards") or []
+    tok = sum(int(s.get("tokens", 0)) for s in shards)
+    size = sum(int(s.get("bytes", 0)) for s in shards)
+    return {"samples": sum(int(s.get("samples", 0)) for s in shards), "tokens": tok, "bytes": size,
+            "bytes_per_token": round(size / tok, 1) if tok else None,
+            "tokens_per_s_incl_startup": round(tok / seconds, 1) if seconds else None}
+
+
+def train_metrics(work: Path, name: str) -> Dict[str, Any]:
+    path = work / "runs" / name / "metrics.jsonl"
+    rows = []
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if "step_time_s" in r:
+                rows.append(r)
+    if not rows:
+        return {"steps": 0}
+    warm = rows[2:] or rows[1:] or rows      # the first steps compile kernels and fill the loader
+    st = statistics.median(r["step_time_s"] for r in warm)
+    dt_ = statistics.median(r.get("data_time_s", 0.0) for r in warm)
+    ck = sorted((work / "runs" / name / "checkpoints").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
+    return {"steps": int(rows[-1].get("step", len(rows))), "step_s": round(st, 4), "steps_per_s": round(1 / st, 3),
+            "tokens_per_s": round(statistics.median(r["tokens_per_s"] for r in warm), 1),
+            "data_time_s": round(dt_, 4), "data_fraction": round(dt_ / st, 4) if st else None,
+            "final_loss": rows[-1].get("train/loss"), "expected_tau": rows[-1].get("train/expected_tau"),
+            "checkpoint": str(ck[-1]) if ck else None}
+
+
+def eval_metrics(work: Path, name: str) -> Dict[str, Any]:
+    res = _read_json(work / "eval" / name / "results.json")
+    if not res:
+        return {}
+    sp = res.get("speed") or {}
+    rs = sp.get("round_split") or {}
+    spec = sp.get("spec") or {}
+    gc = res.get("greedy_check") or {}
+    return {"tau": (res.get("overall") or {}).get("tau"), "speedup": sp.get("speedup"),
+            "requests": spec.get("requests"), "tokens": spec.get("generated_tokens"),
+            "s_per_request": (spec["time_s"] / spec["requests"]) if spec.get("requests") else None,
+            "spec_tokens_per_s": spec.get("tokens_per_s"),
+            "baseline_tokens_per_s": (sp.get("baseline") or {}).get("tokens_per_s"),
+            **{k: rs.get(k) for k in ("draft_ms", "verify_ms", "overhead_ms", "round_ms", "overhead_fraction",
+                                      "plain_decode_ms_per_token", "verify_over_plain_decode", "tokens_per_round")},
+            "greedy_matched": gc.get("matched"), "greedy_compared": gc.get("compared")}
+
+
+def pytest_summary(log: Path) -> Optional[str]:
+    """The last line pytest printed ("9 passed in 31.2s")."""
+    lines = [x.strip() for x in log.read_text(errors="replace").splitlines() if x.strip()] if log.is_file() else []
+    return lines[-1] if lines else None
+
+
+def _read_json(p: Path) -> Optional[Dict[str, Any]]:
+    try:
+        return json.loads(Path(p).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+# -- the stages that run inside this file ---------------------------------------------------------
+def stage_profile(args) -> int:
+    """torch.profiler tables: 3 training steps of DSpark (from its checkpoint) and 4 eval rounds."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    from deepspec.config import load_config
+    from deepspec.drafts.registry import load_drafter
+    from deepspec.eval.sampling import make_warp
+    from deepspec.eval.speculative import speculative_generate
+    from deepspec.targets import load_target
+    from deepspec.targets.chat import encode_prompt
+    from deepspec.train.data import CachedSequences, build_micro_batch
+    from deepspec.cache import CacheReader
+    work = Path(args.work)
+    sc = scale(args.tiny)
+    cfg = load_config(common(args, sc, work) + train_overrides(sc, work, "dspark"))
+    target = load_target(cfg.target)
+    ck = train_metrics(work, "dspark").get("checkpoint")
+    if not ck:
+        print("no dspark checkpoint to profile")
+        return 1
+    drafter = load_drafter(ck, target)
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    sort = "cuda_time_total" if torch.cuda.is_available() else "cpu_time_total"
+    out = Path(args.work) / "logs"
+    src = CachedSequences(CacheReader(work / "cache"), sc["max_length"])
+    items = [(0, i) for i in range(min(len(src), sc["micro_batch"]))]
+    batch = build_micro_batch(src, items, sc["anchors"], 0)
+    batch = {k: v.to(target.device, non_blocking=True) for k, v in batch.items()}
+    drafter.train()
+    ac = torch.autocast(target.device.type, dtype=torch.bfloat16, enabled=target.device.type == "cuda")
+    for _ in range(2):
+        with ac:
+            drafter(batch)["loss"].backward()
+    with profile(activities=acts) as prof:
+        for _ in range(3):
+            with ac:
+                drafter(batch)["loss"].backward()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+    (out / "profile_train.txt").write_text(prof.key_averages().table(sort_by=sort, row_limit=40))
+    drafter.eval()
+    ids = encode_prompt(target.tokenizer, [{"role": "user", "content": "Explain how a hash table works."}])
+    g = make_warp(0.0)
+    speculative_generate(target, drafter, ids, gamma=7, max_new_tokens=8, warp=g)
+    with profile(activities=acts) as prof:
+        speculative_generate(target, drafter, ids, gamma=7, max_new_tokens=32, warp=g)
+    (out / "profile_eval.txt").write_text(prof.key_averages().table(sort_by=sort, row_limit=40))
+    print("profiles written")
+    return 0
+
+
+def stage_env(args) -> int:
+    info = env_info()
+    Path(args.work, "env.json").write_text(json.dumps(info, indent=2))
+    print(json.dumps(info))
+    return 0
+
+
+def stage_regen(args) -> int:
+    """Regeneration through `deepspec.prepare.regen`, noting which decode loop the engine used."""
+    from deepspec.config import load_config
+    from deepspec.engines.factory import build_engine
+    from deepspec.engines import static_decode
+    from deepspec.prepare import regenerate
+    sc = scale(args.tiny)
+    cfg = load_config(common(args, sc, Path(args.work)) + [f"run_dir={Path(args.work) / 'prepare'}"])
+    engine = build_engine(cfg)
+    try:
+        print(f"[engine] loop={engine.loop} device={engine.device}", flush=True)
+        regenerate(cfg, engine=engine)
+        print(f"[engine] loop={engine.loop} graph={static_decode.LAST['graph']} replays_last_batch="
+              f"{static_decode.LAST['replays']} capture_error={static_decode.LAST['capture_error']}", flush=True)
+    finally:
+        engine.close()
+    return 0
+
+
+def write_eval_prompts(work: Path, n: int) -> Path:
+    """Held-out prompts of the regeneration split as one benchmark file (``sharegpt.jsonl``)."""
+    d = work / "evaldata"
+    d.mkdir(parents=True, exist_ok=True)
+    lines = [x for x in (work / "regen" / "heldout.jsonl").read_text().splitlines() if x.strip()][:n]
+    (d / "sharegpt.jsonl").write_text("\n".join(lines) + "\n")
+    return d
+
+
+def write_tiny_prompts(work: Path, n: int) -> Path:
+    from deepspec.prepare.synthetic import write_regen_jsonl
+    return write_regen_jsonl(work / "prompts.jsonl", n, seed=0, max_words=40)
+
+
+# -- record and summary ----------------------------------------------------------------------------
+def goals(rec: Dict[str, Any]) -> Dict[str, Any]:
+    """The issue's GPU goals, checked where this run measured them (CPU runs: reported, not judged)."""
+    g: Dict[str, Any] = {}
+    ab = rec.get("regen_ab") or {}
+    if ab.get("speedup"):
+        g["regen_speedup_vs_generate"] = {"value": ab["speedup"], "goal": ">= 5", "met": ab["speedup"] >= 5}
+    tr = rec.get("train", {}).get("dspark", {})
+    if tr.get("steps_per_s"):
+        x = tr["steps_per_s"] / BEFORE["train_dspark_step_s"]
+        g["train_dspark_vs_before"] = {"value": round(x, 2), "goal": ">= 8", "met": x >= 8}
+    for name, ev in (rec.get("eval") or {}).items():
+        if ev.get("verify_over_plain_decode") is not None:
+            v = ev["verify_over_plain_decode"]
+            g[f"eval_{name}_verify_over_plain"] = {"value": round(v, 3), "goal": "<= 1.3", "met": v <= 1.3}
+        if ev.get("overhead_fraction") is not None:
+            o = ev["overhead_fraction"]
+            g[f"eval_{name}_overhead_share"] = {"value": round(o, 4), "goal": "<= 0.10", "met": o <= 0.10}
+    return g
+
+
+def _f(x, nd=2) -> str:
+    if x is None:
+        return "–"
+    if isinstance(x, float):
+        return f"{x:.{nd}f}"
+    return str(x)
+
+
+def _pct(x) -> str:
+    return "–" if x is None else f"{100 * x:.1f}%"
+
+
+def summary_md(rec: Dict[str, Any]) -> str:
+    e = rec.get("env") or {}
+    L = [f"# Device run ({'tiny CPU scale' if rec['tiny'] else 'reference scale'}) — {rec['date']}", "",
+         f"GPU: {e.get('gpu') or 'none'}; torch {e.get('torch')} (CUDA {e.get('cuda')}), transformers "
+         f"{e.get('transformers')}, Python {e.get('python')}, {e.get('cpus')} CPUs.  "
+         f"Total {_f(rec.get('total_s'), 1)} s.", "",
+         "## Stages", "", "| stage | status | seconds | limit s |", "|---|---|---|---|"]
+    for k, s in rec["stages"].items():
+        L.append(f"| {k} | {s.get('status')} | {_f(s.get('seconds'), 1)} | {_f(s.get('limit_s'), 0)} |")
+    r = rec.get("regen") or {}
+    L += ["", "## Regeneration", "",
+          f"{_f(r.get('ok'))} samples, {_f(r.get('new_tokens'))} new tokens in {_f(r.get('seconds'), 1)} s: "
+          f"**{_f(r.get('tokens_per_s'), 0)} tok/s** ({r.get('engine', '')}).  Before issue 23 on one H200: "
+          f"{BEFORE['regen_tok_s']:.0f} tok/s."]
+    ab = rec.get("regen_ab") or {}
+    if ab.get("loops"):
+        L += ["", f"Same {ab.get('prompts')} prompts, same batch, greedy: " + "; ".join(
+            f"{k} {_f(v.get('tokens_per_s'), 0)} tok/s" for k, v in ab["loops"].items())
+              + f"; speedup {_f(ab.get('speedup'))}×; identical answers {ab.get('identical')}/{ab.get('prompts')}."]
+    c = rec.get("cache") or {}
+    if c:
+        L += ["", f"Cache: {c.get('samples')} samples, {c.get('tokens')} tokens, "
+                  f"{_f(c.get('bytes_per_token'), 0)} B/token."]
+    L += ["", "## Training (same step budget each)", "",
+          "| drafter | steps | step/s | tokens/s | data share | final loss | E[τ] (train) |",
+          "|---|---|---|---|---|---|---|"]
+    for k, t in (rec.get("train") or {}).items():
+        L.append(f"| {k} | {t.get('steps')} | {_f(t.get('steps_per_s'))} | {_f(t.get('tokens_per_s'), 0)} | "
+                 f"{_pct(t.get('data_fraction'))} | "
+                 f"{_f(t.get('final_loss'), 3)} | {_f(t.get('expected_tau'), 3)} |")
+    L += ["", "## Eval (greedy, γ 7)", "",
+          "| drafter | τ | speedup | s/request | draft ms | verify ms | overhead ms | overhead share "
+          "| plain decode ms/token | verify ÷ plain | greedy equal |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for k, v in (rec.get("eval") or {}).items():
+        L.append(f"| {k} | {_f(v.get('tau'), 3)} | {_f(v.get('speedup'))}× | {_f(v.get('s_per_request'))} | "
+                 f"{_f(v.get('draft_ms'))} | {_f(v.get('verify_ms'))} | {_f(v.get('overhead_ms'))} | "
+                 f"{_pct(v.get('overhead_fraction'))} | "
+                 f"{_f(v.get('plain_decode_ms_per_token'))} | {_f(v.get('verify_over_plain_decode'))} | "
+                 f"{v.get('greedy_matched')}/{v.get('greedy_compared')} |")
+    if rec.get("cuda_tests"):
+        L += ["", f"CUDA-marked tests (tests/integration/test_cuda.py): {rec['cuda_tests']}"]
+    gl = rec.get("goals") or {}
+    if gl:
+        L += ["", "## Issue 23 goals", "", "| goal | value | target | met |", "|---|---|---|---|"]
+        for k, v in gl.items():
+            L.append(f"| {k} | {v['value']} | {v['goal']} | {'yes' if v['met'] else 'no'} |")
+    return "\n".join(L) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tiny", action="store_true", default=os.environ.get("TINY", "") not in ("", "0"),
+                    help="tiny target and sizes, on the CPU (also TINY=1)")
+    ap.add_argument("--work", default=os.environ.get("DEVICE_WORK", str(REPO / "bench" / "work" / "device_run")))
+    ap.add_argument("--out", default=os.environ.get("OUT") or None,
+                    help="output folder (default $OUT, else bench/results)")
+    ap.add_argument("--prompts-path", default=os.environ.get("DEVICE_PROMPTS"),
+                    help="prompt JSONL (default $DEVICE_PROMPTS; --tiny writes synthetic ones)")
+    ap.add_argument("--eval-data", default=os.environ.get("EVAL_DATA"),
+                    help="benchmark prompt folder (gsm8k, humaneval, mt-bench); default: held-out regeneration prompts")
+    ap.add_argument("--budget-s", type=float, default=float(os.environ.get("DEVICE_BUDGET_S", 520)),
+                    help="overall seconds; a stage gets min(its limit, what is left) and is skipped under its need")
+    ap.add_argument("--drafters", nargs="*", default=list(DRAFTERS))
+    ap.add_argument("--stage", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    if args.stage:
+        return {"env": stage_env, "regen": stage_regen, "profile": stage_profile}[args.stage](args)
+
+    sc = scale(args.tiny)
+    if args.tiny and not args.prompts_path:
+        args.prompts_path = str(write_tiny_prompts(work, sc["prompts"]))
+    if not args.prompts_path or not Path(args.prompts_path).is_file():
+        print("device run: no prompts (set DEVICE_PROMPTS or --prompts-path, or run with TINY=1)", file=sys.stderr)
+        return 2
+    out_dir = Path(args.out) if args.out else REPO / "bench" / "results"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rec: Dict[str, Any] = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "tiny": args.tiny,
+                           "command": " ".join(["bench/device/run.py", *(argv if argv is not None else sys.argv[1:])]),
+                           "scale": {k: v for k, v in sc.items() if k != "timeouts"}, "timeouts": sc["timeouts"],
+                           "budget_s": args.budget_s, "before_issue23_h200": BEFORE, "stages": {}}
+    rec_path, md_path = out_dir / "device_run.json", out_dir / "device_run.md"
+
+    def save():
+        rec["goals"] = goals(rec)
+        rec_path.write_text(json.dumps(rec, indent=2) + "\n")
+        md_path.write_text(summary_md(rec))
+
+    # tiny tensors on a CPU: one thread each (more only spin against each other on a shared machine)
+    R = Runner(work, args.budget_s, rec, save,
+               {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")} if args.tiny else None)
+    T = sc["timeouts"]
+    me = str(Path(__file__).resolve())
+    base = ["--work", str(work), "--prompts-path", args.prompts_path] + (["--tiny"] if args.tiny else [])
+    common_ov = common(args, sc, work)
+
+    R.run("env", _py(me, "--stage", "env", *base), T["env"])
+    rec["env"] = _read_json(work / "env.json")
+    if not args.tiny:
+        R.run("convert", _cli("target", "fetch", "smollm2-135m"), T["convert"])
+    R.run("regen", _py(me, "--stage", "regen", *base), T["regen"], need=20)
+    rec["regen"] = regen_metrics(work)
+    save()
+    ab_out = work / "regen_ab.json"
+    R.run("regen_ab", _py(str(REPO / "bench" / "regen_throughput.py"), "--target",
+                          "tiny:llama" if args.tiny else "reference:smollm2-135m",
+                          "--device", "cpu" if args.tiny else "cuda", "--threads", "1" if args.tiny else "0",
+                          "--prompts", str(sc["ab_prompts"]), "--batch", str(sc["batch"]),
+                          "--max-new-tokens", str(sc["ab_new_tokens"]), "--loops", "generate", "auto",
+                          "--data", "data.source=jsonl", f"data.path={args.prompts_path}", "--out", str(ab_out)),
+          T["regen_ab"], need=20)
+    rec["regen_ab"] = _read_json(ab_out)
+    st = R.run("cache", _cli("prepare", *common_ov, f"run_dir={work / 'prepare'}"), T["cache"], need=15)
+    rec["cache"] = cache_metrics(work, st.get("seconds"))
+    save()
+    rec["train"] = {}
+    for name in args.drafters:
+        R.run(f"train_{name}", _cli("train", *common_ov, *train_overrides(sc, work, name)), T["train"], need=30)
+        rec["train"][name] = train_metrics(work, name)
+        save()
+    if args.eval_data and all((Path(args.eval_data) / f"{b}.jsonl").is_file() for b in EVAL_BENCHES):
+        eval_dir, benches = Path(args.eval_data), EVAL_BENCHES
+    else:
+        eval_dir, benches = write_eval_prompts(work, 2 * sc["eval_samples"] + 2), ["sharegpt"]
+        sc = {**sc, "eval_samples": 2 * sc["eval_samples"] + 2}
+    rec["eval_prompts"] = {"benchmarks": benches, "max_samples": sc["eval_samples"],
+                           "source": "benchmark files" if benches == EVAL_BENCHES else "held-out regeneration prompts"}
+    rec["eval"] = {}
+    for name in args.drafters:
+        ck = rec["train"].get(name, {}).get("checkpoint")
+        if not ck:
+            rec["stages"][f"eval_{name}"] = {"status": "skipped", "reason": "no checkpoint"}
+            continue
+        R.run(f"eval_{name}", _cli("eval", *common_ov, *eval_overrides(sc, work, name, ck, eval_dir, benches)),
+              T["eval"], need=20)
+        rec["eval"][name] = eval_metrics(work, name)
+        save()
+    if not args.tiny:   # the CUDA-marked tests, when time is left (they skip without a GPU)
+        st = R.run("cuda_tests", _py("-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda",
+                                     "tests/integration/test_cuda.py"), T["cuda_tests"], need=40)
+        rec["cuda_tests"] = pytest_summary(work / "logs" / "cuda_tests.log") if st.get("status") != "skipped" else None
+    if "dspark" in args.drafters:
+        R.run("profile", _py(me, "--stage", "profile", *base), T["profile"], need=25)
+    rec["total_s"] = round(time.monotonic() - R.t0, 1)
+    save()
+    with tarfile.open(out_dir / "device_run.logs.tar.gz", "w:gz") as tar:
+        for p in sorted((work / "logs").glob("*")):
+            tar.add(p, arcname=f"logs/{p.name}")
+        for name in args.drafters:
+            for rel in (f"eval/{name}/report.md", f"eval/{name}/results.json", f"runs/{name}/metrics.jsonl",
+                        f"runs/{name}/train.log"):
+                p = work / rel
+                if p.is_file():
+                    tar.add(p, arcname=rel)
+        for rel in ("regen/regen.jsonl.job.json", "regen_ab.json", "cache/manifest.json", "env.json"):
+            if (work / rel).is_file():
+                tar.add(work / rel, arcname=rel)
+    print(f"[device] done in {rec['total_s']} s → {rec_path}, {md_path}, {out_dir / 'device_run.logs.tar.gz'}",
+          flush=True)
+    print(summary_md(rec), flush=True)
+    failed = [k for k, s in rec["stages"].items() if s.get("status") == "failed"]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
