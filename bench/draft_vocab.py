@@ -34,6 +34,21 @@ def _rss_mb() -> float:
 
 
 def measure(args) -> dict:
+    """Every size in its own process, so each peak RSS is that size's alone."""
+    import subprocess
+    out, bf16 = {}, None
+    for n in args.sizes:
+        cmd = [sys.executable, __file__, "--size-worker", str(n)] + [a for a in sys.argv[1:] if a != "--size-worker"]
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, cwd=str(REPO))
+        if p.returncode != 0:
+            raise SystemExit(f"draft_vocab: the N={n} run failed (exit {p.returncode})")
+        r = json.loads(p.stdout.strip().splitlines()[-1])
+        bf16 = r.pop("bf16_autocast")
+        out.update(r["sizes"])
+    return {"bf16_autocast": bf16, "sizes": out}
+
+
+def measure_sizes(args) -> dict:
     import contextlib
     import dataclasses
 
@@ -86,7 +101,7 @@ def measure(args) -> dict:
             opt.zero_grad(set_to_none=True)
             if k >= args.warmup:
                 times.append(time.perf_counter() - t0)
-        peak_growth = _rss_mb() - base_rss
+        peak_growth = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - base_rss
         d.eval()
         warp = make_warp(0.0)
         draft_ms = []
@@ -104,10 +119,11 @@ def measure(args) -> dict:
         out[label] = {"draft_vocab_size": N or V, "coverage": coverage(counts, ids),
                       "train_step_s": statistics.median(times), "train_step_s_min": min(times),
                       "positions_per_s": float(batch["anchors"].ge(0).sum()) * cfg.draft.gamma / statistics.median(times),
-                      "rss_growth_mb": peak_growth, "draft_pass_ms": statistics.median(draft_ms),
+                      "rss_growth_mb": peak_growth,  # peak RSS of this process above the RSS before the drafter "draft_pass_ms": statistics.median(draft_ms),
                       "trainable_params": sum(p.numel() for p in d.parameters() if p.requires_grad)}
         print(f"N={label}: coverage {out[label]['coverage']:.4f}, step {out[label]['train_step_s']:.3f}s, "
-              f"draft pass {out[label]['draft_pass_ms']:.1f} ms, RSS +{peak_growth:.0f} MB", flush=True)
+              f"draft pass {out[label]['draft_pass_ms']:.1f} ms, peak RSS +{peak_growth:.0f} MB", file=sys.stderr,
+              flush=True)
         del d, opt
     return {"bf16_autocast": bf16, "sizes": out}
 
@@ -115,7 +131,7 @@ def measure(args) -> dict:
 def markdown(rec) -> str:
     rows = rec["sizes"]
     full = rows.get("full")
-    lines = ["| N | coverage | train step s | × vs full | draft pass ms/round | × vs full | RSS growth MB | "
+    lines = ["| N | coverage (train split) | train step s | × vs full | draft pass ms/round | × vs full | peak RSS growth MB | "
              "held-out E[τ] |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for label, r in rows.items():
         tau = (rec.get("heldout") or {}).get(label)
@@ -140,7 +156,12 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--curve", default=None, help="learning_curve record with draft.vocab_size variants")
     p.add_argument("--out", default=str(record_path("draft_vocab")))
+    p.add_argument("--size-worker", type=int, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.size_worker is not None:      # one size, in this process; the parent collects the JSON line
+        args.sizes = [args.size_worker]
+        print(json.dumps(measure_sizes(args)))
+        return 0
     rec = {"date": time.strftime("%Y-%m-%dT%H:%M:%S"), "command": " ".join([sys.executable, *sys.argv]),
            "args": vars(args), "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                                            "loadavg_start": os.getloadavg()}}
