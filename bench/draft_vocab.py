@@ -119,7 +119,8 @@ def measure_sizes(args) -> dict:
         out[label] = {"draft_vocab_size": N or V, "coverage": coverage(counts, ids),
                       "train_step_s": statistics.median(times), "train_step_s_min": min(times),
                       "positions_per_s": float(batch["anchors"].ge(0).sum()) * cfg.draft.gamma / statistics.median(times),
-                      "rss_growth_mb": peak_growth,  # peak RSS of this process above the RSS before the drafter "draft_pass_ms": statistics.median(draft_ms),
+                      # peak RSS of this process above its RSS just before the drafter was built
+                      "rss_growth_mb": peak_growth, "draft_pass_ms": statistics.median(draft_ms),
                       "trainable_params": sum(p.numel() for p in d.parameters() if p.requires_grad)}
         print(f"N={label}: coverage {out[label]['coverage']:.4f}, step {out[label]['train_step_s']:.3f}s, "
               f"draft pass {out[label]['draft_pass_ms']:.1f} ms, peak RSS +{peak_growth:.0f} MB", file=sys.stderr,
