@@ -173,6 +173,12 @@ def render(result_path: Path | None = None, out: Path | None = None) -> Path:
           "Greedy check: speculative output equal to the plain target's greedy output on "
           + ", ".join(f"{d} {evals[d]['greedy_check']['matched']}/{evals[d]['greedy_check']['compared']}"
                       for d in drafters if evals[d].get("greedy_check")) + " requests.", ""]
+    tvd = REPO / "bench" / "results" / "train_vs_deepspec.json"
+    if tvd.is_file():   # issue 26: our trainer beside DeepSpec's DSpark code, same configuration
+        from bench.train_vs_deepspec import render_train_vs_deepspec
+        L += ["## 5. Training step: ours vs DeepSpec (CPU)", "",
+              f"`bench/train_vs_deepspec.py` → `{tvd.relative_to(REPO)}` ({json.loads(tvd.read_text()).get('time', '')}):",
+              "", render_train_vs_deepspec(json.loads(tvd.read_text()))]
     out = out or REPO / "docs" / "benchmarks.md"
     out.write_text("\n".join(L) + "\n")
     print(f"wrote {out}")
