@@ -1,6 +1,6 @@
 """Benchmark (not a test): the draft vocabulary size N side by side on the reference target.
 
-    .venv/bin/python bench/draft_vocab.py --work bench/work/converge [--curve bench/results/learning_curve-vocab.json]
+    .venv/bin/python bench/draft_vocab.py --work bench/work/conv [--curve bench/results/learning_curve-vocab.json]
 
 For N in {full, 32768, 16384, 8192} (``--sizes``), on the cache of a `bench/reference.py` work
 directory: the coverage of the training split's answer tokens; the DSpark training step (forward +
@@ -145,7 +145,7 @@ def markdown(rec) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--work", default=str(REPO / "bench" / "work" / "converge"))
+    p.add_argument("--work", default=str(REPO / "bench" / "work" / "conv"))
     p.add_argument("--sizes", nargs="*", type=int, default=[0, 32768, 16384, 8192], help="0 = full vocabulary")
     p.add_argument("--layers", type=int, default=1)
     p.add_argument("--rank", type=int, default=256)
