@@ -42,6 +42,10 @@ def test_reduced_demo_end_to_end(tmp_path, reference_target_dir, eval_data_dir):
     gc = results["greedy_check"]
     assert gc["compared"] >= 3 and gc["matched"] == gc["compared"], gc   # mt-bench has 2 turns
     assert list((report.parent / "plots").glob("*.png"))
+    # the shipped draft is evaluated on the same prompts and shown beside the one just trained
+    assert "| shipped (smollm2-135m-dspark) |" in out and "| trained just now |" in out
+    shipped = json.loads((report.parent.parent / "eval_shipped" / "results.json").read_text())
+    assert shipped["greedy_check"]["matched"] == shipped["greedy_check"]["compared"]
     assert (run_dir / "resolved_config.yaml").is_file() or list(run_dir.rglob("resolved_config.yaml"))
     ckpt_lines = [l for l in out.splitlines() if l.startswith("checkpoint:")]
     assert ckpt_lines and Path(ckpt_lines[0].split(":", 1)[1].strip()).exists()
