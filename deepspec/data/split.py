@@ -6,7 +6,6 @@ reordering, adding or removing other samples, and the two sides are disjoint.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from pathlib import Path
 from typing import Iterable, List, Sequence, Tuple

@@ -26,14 +26,12 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-import numpy as np
 import torch
 
 from deepspec import paths
 from deepspec.cache import CacheReader
 from deepspec.config import to_object, to_yaml
 from deepspec.config.schema import DeepSpecConfig
-from deepspec.data.vocab import count_answer_tokens, coverage, save_vocab, select_top
 from deepspec.drafts import build_drafter
 from deepspec.targets import load_target
 
@@ -42,6 +40,7 @@ from .accumulate import Accumulator, metric_keys, reduce_stats
 from .data import (CachedSequences, GlobalBatchPlan, MicroBatches, OnlineFeatures, OnlineSequences,
                    build_micro_batch, check_batch_sizes, heldout_micro_batches, loader_workers, split_heldout)
 from .logging import MetricsLogger, config_as_dict, progress_postfix
+from .draft_vocab import install_draft_vocab
 from .optim import lr_at
 from .precision import use_bf16
 from .stopping import (NonFiniteLossError, SignalGuard, TrainingInterrupted, ignore_sigint,
@@ -86,7 +85,8 @@ class Trainer:
         self.train_idx, self.heldout_idx = split_heldout(len(self.source), tc.heldout_fraction,
                                                          cfg.data.split_seed)
         if self.drafter.draft_vocab is not None:
-            self._install_draft_vocab()
+            install_draft_vocab(self.drafter, self.source, self.train_idx, self.target, self.cfg.draft.init_from,
+                                self.run_dir if env.is_main else None)
         self.accum = check_batch_sizes(tc.global_batch_sequences, tc.micro_batch_sequences, env.world_size)
         lengths = self.source.lengths() if tc.group_by_length else None
         self.plan = GlobalBatchPlan(self.train_idx, tc.global_batch_sequences, tc.micro_batch_sequences,
@@ -146,43 +146,6 @@ class Trainer:
         reader.validate(self.target)
         return CachedSequences(reader, cfg.train.max_length), None
 
-    def _install_draft_vocab(self) -> None:
-        """draft.vocab_size = N: the N most frequent answer tokens of the training split (plus the
-        target's EOS tokens), the same on every rank; written to run_dir/draft_vocab.json.  With
-        draft.init_from (a draft of the same vocabulary size, `init_weights_from` checks) its vocabulary
-        is kept — its weights were trained on it — and a difference from this split's selection is logged."""
-        d = self.drafter
-        tokens = getattr(self.source, "tokens", self.source.__getitem__)
-        counts = count_answer_tokens((tokens(i) for i in self.train_idx), d.vocab_size)
-        selected = select_top(counts, d.out_vocab, always=self.target.eos_token_ids)
-        source = f"top-{d.out_vocab} answer tokens of {len(self.train_idx)} training sequences"
-        if self.cfg.draft.init_from:
-            ids = d.draft_vocab.cpu().numpy()
-            source = f"kept from draft.init_from={self.cfg.draft.init_from}"
-            cov, cov_sel = coverage(counts, ids), coverage(counts, selected)
-            differ = int(np.setdiff1d(selected, ids).size)
-            if differ:
-                log.warning("draft vocabulary kept from draft.init_from=%s: %d of its %d tokens differ from the "
-                            "top-%d of this training split (coverage %.2f%% kept vs %.2f%% re-selected); the "
-                            "init_from weights were trained on their own vocabulary, so it is kept",
-                            self.cfg.draft.init_from, differ, d.out_vocab, d.out_vocab, 100 * cov, 100 * cov_sel)
-            else:
-                log.info("draft vocabulary kept from draft.init_from=%s (the same as this training split selects)",
-                         self.cfg.draft.init_from)
-        else:
-            ids = selected
-            d.set_draft_vocab(ids)
-            cov = coverage(counts, ids)
-        missing_eos = sorted(set(int(t) for t in self.target.eos_token_ids) - set(int(t) for t in ids))
-        if missing_eos:
-            log.warning("draft vocabulary lacks the target's end-of-turn/EOS token(s) %s: the draft can never "
-                        "propose the end of an answer", missing_eos)
-        log.info("draft vocabulary: %d of %d target tokens cover %.2f%% of the training answer tokens",
-                 d.out_vocab, d.vocab_size, 100 * cov)
-        if self.env.is_main:
-            save_vocab(self.run_dir / "draft_vocab.json", ids, vocab_size=d.vocab_size,
-                       tokenizer_fingerprint=self.target.fingerprint()["tokenizer_sha256"], coverage_value=cov,
-                       source=source)
 
     def _banner(self) -> str:
         tc, env = self.cfg.train, self.env
@@ -265,7 +228,7 @@ class Trainer:
 
     # -- the loop ----------------------------------------------------------------------------------
     def fit(self) -> Path:
-        tc, env = self.cfg.train, self.env
+        tc = self.cfg.train
         G = tc.global_batch_sequences
         batches = iter(self._loader())
         last_saved: Optional[Path] = ckpt.latest_checkpoint(self.ckpt_root) if self.step else None
