@@ -26,12 +26,14 @@ import logging
 from typing import Any, Dict, List, Optional, Sequence
 
 import torch
-from transformers import GenerationConfig, LogitsProcessorList
+from transformers import DynamicCache, GenerationConfig, LogitsProcessorList
 
 from ..targets import load_target
 from ..targets.chat import encode_prompt
+from ..targets.attention import cache_kwarg
 from .base import Completion, Engine, GenerationError, Messages, Result, SamplingParams, SeedKey, sample_seed
 from .sampling import PerRowSampler, sample_tokens
+from .static_decode import static_decode, supported
 
 log = logging.getLogger(__name__)
 
@@ -48,10 +50,8 @@ class HFEngine(Engine):
             raise ValueError(f"engine.hf_loop={loop!r}: choose from {', '.join(self.LOOPS)}")
         self.model = model.eval()
         if loop == "auto":
-            from .static_decode import supported
             loop = "static" if self.device.type == "cuda" and supported(self.model) else "deepspec"
         elif loop == "static":
-            from .static_decode import supported
             if not supported(self.model):
                 raise ValueError("engine.hf_loop=static needs a plain causal decoder on sdpa attention "
                                  "(no sliding window or soft-capping): use deepspec or generate")
@@ -163,7 +163,6 @@ class HFEngine(Engine):
         return self._results(batch, loop(batch, seeds, params))
 
     def _static_loop(self, batch: List[List[int]], seeds: List[int], params: SamplingParams) -> List[List[int]]:
-        from .static_decode import static_decode
         input_ids, attn, _ = self._left_padded(batch)
         seeds_t = torch.tensor(seeds, dtype=torch.int64, device=self.device)
         temp = 0.0 if params.greedy else params.temperature
@@ -176,7 +175,6 @@ class HFEngine(Engine):
     @property
     def _cache_kwarg(self) -> str:
         if not hasattr(self, "_cache_kw"):
-            from ..targets.attention import cache_kwarg
             self._cache_kw = cache_kwarg(self.model.forward)
         return self._cache_kw
 
@@ -188,7 +186,6 @@ class HFEngine(Engine):
     @torch.inference_mode()
     def _decode_loop(self, batch: List[List[int]], seeds: List[int], params: SamplingParams) -> List[List[int]]:
         """Generated token ids per row (EOS included; anything after it is cut by `_results`)."""
-        from transformers import DynamicCache
         input_ids, attn, _ = self._left_padded(batch)
         dev, B, N = self.device, len(batch), params.max_new_tokens
         pos = (attn.cumsum(-1) - 1).clamp_(min=0)

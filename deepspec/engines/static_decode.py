@@ -23,6 +23,10 @@ from typing import List, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
+from transformers import StaticCache
+
+from ..targets.attention import attention_implementation, cache_kwarg
+from ..targets.attention import supported as plain_causal
 
 log = logging.getLogger(__name__)
 IMPLEMENTATION = "deepspec_static_masked"
@@ -50,7 +54,6 @@ def static_attention(module, query: torch.Tensor, key: torch.Tensor, value: torc
 
 def supported(model) -> bool:
     """Plain causal decoders on sdpa (no sliding window, no soft-capping) with transformers' StaticCache."""
-    from ..targets.attention import supported as plain_causal
     global _registered
     if not plain_causal(model):
         return False
@@ -66,7 +69,6 @@ def supported(model) -> bool:
 
 @contextmanager
 def _attention(model):
-    from ..targets.attention import attention_implementation
     try:
         with attention_implementation(model, IMPLEMENTATION):
             yield
@@ -81,14 +83,12 @@ def static_decode(model, input_ids: torch.Tensor, attn: torch.Tensor, *, max_new
 
     ``sample(logits [B, V] fp32, step) -> tokens [B]`` draws each row's token.  Returns the generated
     ids per row (after a row's EOS: padding).  ``use_graph`` None = on CUDA."""
-    from transformers import StaticCache
     dev = input_ids.device
     B, T = input_ids.shape
     N = int(max_new_tokens)
     L = T + N
     graph = dev.type == "cuda" if use_graph is None else bool(use_graph)
     cache = StaticCache(config=model.config, max_cache_len=L)
-    from ..targets.attention import cache_kwarg
     kw = {cache_kwarg(model.forward): cache, "use_cache": True, "logits_to_keep": 1}
     valid = attn.bool()
     key_ok = torch.zeros(B, L, dtype=torch.bool, device=dev)

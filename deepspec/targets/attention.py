@@ -20,11 +20,13 @@ sliding-window or soft-capped attention keep the stock path (`supported`).
 """
 from __future__ import annotations
 
+import inspect
 from contextlib import contextmanager
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 
 IMPLEMENTATION = "deepspec_offset_causal"
 _registered = False
@@ -42,7 +44,6 @@ def offset_causal_attention(module, query: torch.Tensor, key: torch.Tensor, valu
         out = F.scaled_dot_product_attention(query, key, value, dropout_p=dropout, scale=scaling,
                                              is_causal=q_len > 1, enable_gqa=rep > 1)
     else:
-        from torch.nn.attention.bias import causal_lower_right
         if rep > 1:
             key = key.repeat_interleave(rep, dim=1)
             value = value.repeat_interleave(rep, dim=1)
@@ -105,5 +106,4 @@ def offset_causal(model):
 
 def cache_kwarg(forward) -> str:
     """The KV-cache argument of a transformers forward: ``cache`` (5.2x) or ``past_key_values`` (earlier)."""
-    import inspect
     return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"

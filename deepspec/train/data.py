@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -317,7 +318,6 @@ def loader_workers(num_workers: Optional[int], device: torch.device, world_size:
         return max(0, int(num_workers))
     if device.type != "cuda" or online:
         return 0
-    import os
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, min(4, cpus // max(world_size, 1) - 1))
 
