@@ -33,12 +33,13 @@ def _rss_mb() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
 
 
-def measure(args) -> dict:
-    """Every size in its own process, so each peak RSS is that size's alone."""
+def measure(args, argv) -> dict:
+    """Every size in its own process (this script with ``argv`` + ``--size-worker N``), so each peak RSS
+    is that size's alone."""
     import subprocess
     out, bf16 = {}, None
     for n in args.sizes:
-        cmd = [sys.executable, __file__, "--size-worker", str(n)] + [a for a in sys.argv[1:] if a != "--size-worker"]
+        cmd = [sys.executable, __file__, *argv, "--size-worker", str(n)]
         p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, cwd=str(REPO))
         if p.returncode != 0:
             raise SystemExit(f"draft_vocab: the N={n} run failed (exit {p.returncode})")
@@ -158,6 +159,7 @@ def main(argv=None) -> int:
     p.add_argument("--curve", default=None, help="learning_curve record with draft.vocab_size variants")
     p.add_argument("--out", default=str(record_path("draft_vocab")))
     p.add_argument("--size-worker", type=int, default=None, help=argparse.SUPPRESS)
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = p.parse_args(argv)
     if args.size_worker is not None:      # one size, in this process; the parent collects the JSON line
         args.sizes = [args.size_worker]
@@ -166,7 +168,7 @@ def main(argv=None) -> int:
     rec = {"date": time.strftime("%Y-%m-%dT%H:%M:%S"), "command": " ".join([sys.executable, *sys.argv]),
            "args": vars(args), "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                                            "loadavg_start": os.getloadavg()}}
-    rec.update(measure(args))
+    rec.update(measure(args, argv))
     if args.curve:
         curve = json.loads(Path(args.curve).read_text())
         held = {}

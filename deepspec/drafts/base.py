@@ -26,6 +26,7 @@ from torch import nn
 from ..config import ConfigError
 from ..config.draft import DraftConfig
 from .checkpoint import CONFIG_NAME, FORMAT_VERSION, WEIGHTS_NAME, coerce_draft_config
+from .fused_loss import autocast_dtype
 from .registry import load_drafter
 
 
@@ -138,18 +139,14 @@ class Drafter(nn.Module):
     def lm_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """fp32 logits through the target's (frozen) LM head; gradients flow to ``hidden``.  Under
         autocast the matmul runs in the autocast dtype with a cached cast of the head."""
-        dev = hidden.device.type
-        dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else None
-        return self.target.logits_from_hidden(hidden, dtype=dt)
+        return self.target.logits_from_hidden(hidden, dtype=autocast_dtype(hidden))
 
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """fp32 logits of the draft head: the target's LM head restricted to the draft vocabulary
         (all of it without one) — [..., out_vocab]; index i is target token ``draft_vocab[i]``."""
         if self.draft_vocab is None:
             return self.lm_logits(hidden)
-        dev = hidden.device.type
-        dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else None
-        return self.target.logits_from_hidden(hidden, dtype=dt, rows=self.draft_vocab)
+        return self.target.logits_from_hidden(hidden, dtype=autocast_dtype(hidden), rows=self.draft_vocab)
 
     def set_draft_vocab(self, ids) -> None:
         """Install a draft vocabulary (sorted target ids, as many as draft.vocab_size)."""

@@ -34,6 +34,12 @@ LOGITS_PER_CHUNK_CUDA = 1 << 26
 STAT_NAMES = ("ce", "tv", "top1", "soft_ce", "in_vocab")
 
 
+def autocast_dtype(x: torch.Tensor) -> Optional[torch.dtype]:
+    """The matmul dtype autocast would use for ``x``'s device, or None outside autocast."""
+    dev = x.device.type
+    return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else None
+
+
 def rows_per_chunk(vocab: int, budget: int = LOGITS_PER_CHUNK) -> int:
     return max(1, budget // max(int(vocab), 1))
 
@@ -86,8 +92,7 @@ class _FusedLogitLoss(torch.autograd.Function):
         pgrads = [torch.zeros_like(p) for p in params]
         total = torch.zeros((), dtype=torch.float32, device=h.device)
         stats = []
-        dev = h.device.type
-        mm_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else None
+        mm_dtype = autocast_dtype(h)
         if w2 is not None:   # cast the [r, V] matrix once per call, not once per chunk
             w2c = w2.detach().to(mm_dtype or w2.dtype).requires_grad_(w2.requires_grad)
         for i in range(0, n, chunk):
