@@ -111,7 +111,11 @@ def _cmd_info(args) -> int:
     cols = m.get("stored_column_bytes")
     if isinstance(cols, dict) and st["tokens"]:
         lines.append(f"bytes/token      features {int(cols.get('features', 0)) / st['tokens']:,.1f}, "
-                     f"last_hidden {int(cols.get('last_hidden', 0)) / st['tokens']:,.1f} (+ ids, mask, framing)")
+                     f"last_hidden {int(cols.get('last_hidden', 0)) / st['tokens']:,.1f}, "
+                     f"target_lse {int(cols.get('target_lse', 0)) / st['tokens']:,.1f} (+ ids, mask, framing)")
+    if m["format_version"] < 2:
+        lines.append("target_lse       not stored (format version 1): a draft-vocabulary loss computes it "
+                     "from last_hidden each step; rebuild the cache to store it")
     lines += format_error_report(m)  # lossy codecs: error measured at build time
     if cov is not None:
         lines += format_coverage(cov)

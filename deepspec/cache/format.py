@@ -10,9 +10,12 @@ Layout of a cache directory::
     manifest.json               written last: the cache is complete
 
 Shard rows: ``sample_index`` int64 (line number in the regen JSONL), ``id`` utf8,
-``num_tokens`` int32, and four ``large_binary`` blobs, each one zstd frame with a
+``num_tokens`` int32, and five ``large_binary`` blobs, each one zstd frame with a
 content checksum: ``input_ids`` (int32 LE), ``loss_mask`` (uint8 0/1), ``features``
-and ``last_hidden`` (codec blobs).  Shards are plain Arrow IPC files (no IPC-level
+and ``last_hidden`` (codec blobs), and ``target_lse`` (float32 LE: the log-normaliser
+logsumexp_v of the target's logits at each position, computed in fp32 from the stored
+``last_hidden``; it lets a draft-vocabulary loss score only the draft's N tokens).
+Version 1 caches (no ``target_lse``) stay readable; training then computes it.  Shards are plain Arrow IPC files (no IPC-level
 compression) so the reader memory-maps them and decompresses only the sample it is
 asked for.  Nothing is ever pickled.
 """
@@ -33,7 +36,8 @@ from ..utils.fs import atomic_write, fsync_dir, with_path
 from .errors import CacheCorruptError
 
 FORMAT_NAME = "deepspec-cache"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 MANIFEST = "manifest.json"
 BUILD_INFO = "build.json"
 INDEX = "index.arrow"
@@ -53,7 +57,9 @@ SHARD_FIELDS = [
     pa.field("loss_mask", pa.large_binary(), nullable=False),
     pa.field("features", pa.large_binary(), nullable=False),
     pa.field("last_hidden", pa.large_binary(), nullable=False),
+    pa.field("target_lse", pa.large_binary(), nullable=False),
 ]
+BLOB_COLUMNS = ("input_ids", "loss_mask", "features", "last_hidden", "target_lse")
 INDEX_FIELDS = [
     pa.field("sample_index", pa.int64(), nullable=False),
     pa.field("id", pa.utf8(), nullable=False),
@@ -62,6 +68,11 @@ INDEX_FIELDS = [
     pa.field("num_tokens", pa.int32(), nullable=False),
     pa.field("num_loss_tokens", pa.int32(), nullable=False),
 ]
+
+
+def shard_fields(version: int) -> List[pa.Field]:
+    """The shard schema of a format version (1: without ``target_lse``)."""
+    return SHARD_FIELDS if version >= 2 else [f for f in SHARD_FIELDS if f.name != "target_lse"]
 
 
 def shard_name(k: int) -> str:
@@ -174,7 +185,7 @@ class ShardWriter:
                 raise with_path(e, self.tmp, f"starting {self.final.name}") from e
             raise
         self.rows: List[Dict[str, Any]] = []
-        self.blob_bytes = {"input_ids": 0, "loss_mask": 0, "features": 0, "last_hidden": 0}
+        self.blob_bytes = {k: 0 for k in BLOB_COLUMNS}
 
     def write_rows(self, rows: List[Dict[str, Any]]) -> None:
         if not rows:

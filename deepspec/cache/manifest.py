@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Mapping
 
 from ..targets.adapter import INDEX_CONVENTION
 from .errors import CacheCorruptError, CacheError, CacheMismatchError
-from .format import FORMAT_NAME, FORMAT_VERSION, INDEX, SHARD_RE, check_name
+from .format import FORMAT_NAME, INDEX, READABLE_VERSIONS, SHARD_RE, check_name
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 # keys `validate` compares, and where they live in the manifest
@@ -53,9 +53,9 @@ def check_manifest(m: Any, what: str = "manifest.json") -> Dict[str, Any]:
     if m.get("format") != FORMAT_NAME:
         raise CacheCorruptError(f"{what}: not a deepspec cache manifest (format={m.get('format')!r})")
     version = _need(m, "format_version", int, what)
-    if version != FORMAT_VERSION:
+    if version not in READABLE_VERSIONS:
         raise CacheCorruptError(f"{what}: format_version {version} is not supported "
-                                f"(this deepspec reads version {FORMAT_VERSION})")
+                                f"(this deepspec reads versions {', '.join(map(str, READABLE_VERSIONS))})")
     target = _need(m, "target", dict, what)
     for k in TARGET_KEYS:
         _hex(target, k, f"{what} target")

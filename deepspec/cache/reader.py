@@ -11,7 +11,7 @@ import torch
 
 from .codecs import Codec, decode_array, get_codec, same_spec
 from .errors import CacheCorruptError, CacheError
-from .format import (ARROW_ERRORS, CODEC_STATE, INDEX, INDEX_FIELDS, MANIFEST, SHARD_FIELDS, open_ipc,
+from .format import (ARROW_ERRORS, CODEC_STATE, INDEX, INDEX_FIELDS, MANIFEST, open_ipc, shard_fields,
                      raw_bytes_per_token, read_json, schema_meta, sha256_bytes, sha256_file, state_from_bytes)
 from .manifest import check_manifest, compare
 
@@ -23,7 +23,8 @@ class _Shard:
 
 
 class CacheReader:
-    """``reader[i]`` → ``{"input_ids", "loss_mask", "features", "last_hidden"}`` of sample ``i``.
+    """``reader[i]`` → ``{"input_ids", "loss_mask", "features", "last_hidden"[, "target_lse"]}`` of sample ``i``
+    (``target_lse`` [T] fp32 from format version 2 on; ``has_target_lse`` says whether it is there).
 
     Samples are in input order (the regen JSONL's order, skipped records left out).
     Opening reads the manifest and the index (checksummed); shards are memory-mapped
@@ -41,6 +42,8 @@ class CacheReader:
         self.hidden_size = int(m["hidden_size"])
         self.feature_dim = int(m["feature_dim"])
         self.layer_ids = list(m["layer_ids"])
+        self.format_version = int(m["format_version"])
+        self.has_target_lse = self.format_version >= 2
         self.codec: Codec = get_codec(m["codec"])
         self._load_codec_state()
         self._shard_files = [s["file"] for s in m["shards"]]
@@ -126,7 +129,7 @@ class CacheReader:
 
     def _open_shard(self, k: int) -> _Shard:
         name = self._shard_files[k]
-        mm, reader = open_ipc(self.path / name, SHARD_FIELDS, name)
+        mm, reader = open_ipc(self.path / name, shard_fields(self.format_version), name)
         try:
             meta = schema_meta(reader.schema, name)
             if not same_spec(meta.get("codec"), self.manifest["codec"]):
@@ -217,10 +220,16 @@ class CacheReader:
         return self._tokens(*self._read(i, ("input_ids", "loss_mask")))
 
     def __getitem__(self, i: int) -> Dict[str, torch.Tensor]:
-        what, t, blobs = self._read(i, ("input_ids", "loss_mask", "features", "last_hidden"))
+        cols = ("input_ids", "loss_mask", "features", "last_hidden") + (("target_lse",) if self.has_target_lse else ())
+        what, t, blobs = self._read(i, cols)
         out = self._tokens(what, t, blobs)
         out["features"] = self.codec.decode(blobs["features"], (t, self.feature_dim), f"{what} features")
         out["last_hidden"] = self.codec.decode(blobs["last_hidden"], (t, self.hidden_size), f"{what} last_hidden")
+        if self.has_target_lse:
+            lse = decode_array(blobs["target_lse"], "<f4", t, f"{what} target_lse")
+            if not np.isfinite(lse).all():
+                raise CacheCorruptError(f"{what} target_lse: values that are not finite")
+            out["target_lse"] = torch.from_numpy(lse.astype(np.float32))
         return out
 
     def __iter__(self):

@@ -11,6 +11,9 @@ class LossConfig:
     # Weight of the distribution term L1 = Σ_v |q(v) − p(v)| = 2·TV(q, p), as in the DSpark paper
     # (eq. 10) and DeepSpec's loss; the logged `tv` metric stays ½·L1 (the rejection probability).
     l1_weight: float = 0.9
+    # Parallel drafters: weight of the soft cross-entropy −Σ_v p(v) log q(v) (the forward KL up to the
+    # target's entropy, Eagle3's only term).  0 in the paper and DeepSpec; an ablation of the loss.
+    soft_ce_weight: float = 0.0
     conf_weight: float = 1.0
     # Position weight w_k = exp(-k / decay) with k counted from 0 (DeepSpec);
     # decay <= 0 disables the decay (all weights 1).

@@ -148,6 +148,15 @@ class Drafter(nn.Module):
             return self.lm_logits(hidden)
         return self.target.logits_from_hidden(hidden, dtype=autocast_dtype(hidden), rows=self.draft_vocab)
 
+    def target_side(self, batch: Dict[str, torch.Tensor]):
+        """(target logits function, per-token log-normaliser [B, T] or None) for the loss: with a draft
+        vocabulary and the batch's ``target_lse`` (a cache column) p_S = exp(logits_S − lse) needs only
+        the draft vocabulary's N target logits; otherwise the full-V logits (their softmax)."""
+        lse = batch.get("target_lse")
+        if self.draft_vocab is None or lse is None:
+            return self.lm_logits, None
+        return self.draft_logits, lse.to(self.device, torch.float32)
+
     def set_draft_vocab(self, ids) -> None:
         """Install a draft vocabulary (sorted target ids, as many as draft.vocab_size)."""
         if self.draft_vocab is None:

@@ -172,14 +172,14 @@ class Eagle3Drafter(Drafter):
                 ks.append(kv)
             yield j, h
 
-    def _chunk_loss(self, h, tgt_hidden, tokens, valid, weight):
+    def _chunk_loss(self, h, tgt_hidden, tgt_lse, target_fn, tokens, valid, weight):
         """Soft CE to the target distribution through the fused logits loss (no [rows × V] tensors kept)."""
         coef = torch.zeros(valid.shape[0], 3, device=h.device)
         coef[:, 2] = valid * weight
         params = [p for m in (self.norm, self.out_proj) if m is not None for p in m.parameters()]
-        num, t = fused_logit_loss(h, tgt_hidden, tokens, coef, self._head_logits, self.lm_logits,
+        num, t = fused_logit_loss(h, tgt_hidden, tokens, coef, self._head_logits, target_fn,
                                   params=params, vocab=self.vocab_size, draft_vocab=self.draft_vocab,
-                                  t2d=self.target_to_draft())
+                                  t2d=self.target_to_draft(), target_lse=tgt_lse)
         return num, torch.stack([t["ce"], t["tv"], t["top1"], t["in_vocab"]])
 
     def forward(self, batch: Dict[str, torch.Tensor]) -> Dict[str, object]:
@@ -193,6 +193,8 @@ class Eagle3Drafter(Drafter):
         ids_ext = torch.cat([ids, zeros_tok], 1)
         lm_ext = torch.cat([lm, torch.zeros_like(zeros_tok, dtype=torch.bool)], 1)
         last_ext = torch.cat([last, last.new_zeros(B, S + 2, last.shape[-1])], 1)
+        target_fn, lse = self.target_side(batch)
+        lse_ext = None if lse is None else torch.cat([lse, lse.new_zeros(B, S + 2)], 1)
         roots, keep = self._loss_roots(batch, B, T)                                       # [B, N] each
         Hl = last.shape[-1]
         total, denom, per_step, valids = 0.0, 0.0, [], []
@@ -200,7 +202,8 @@ class Eagle3Drafter(Drafter):
             tokens = ids_ext.gather(1, roots + 2 + j)[keep]                               # x_{r+2+j}
             valid = lm_ext.gather(1, roots + 2 + j)[keep]
             tgt = last_ext.gather(1, (roots + 1 + j).unsqueeze(-1).expand(B, -1, Hl))[keep]  # last_hidden[r+1+j]
-            num, st = self._chunk_loss(h[keep], tgt, tokens, valid.float(), float(w[j]))
+            tl = None if lse_ext is None else lse_ext.gather(1, roots + 1 + j)[keep]
+            num, st = self._chunk_loss(h[keep], tgt, tl, target_fn, tokens, valid.float(), float(w[j]))
             total = total + num
             per_step.append(st)                                                           # [4, n]
             valids.append(valid)

@@ -45,20 +45,30 @@ def rows_per_chunk(vocab: int, budget: int = LOGITS_PER_CHUNK) -> int:
 
 
 def _chunk_terms(z: torch.Tensor, t: torch.Tensor, y: torch.Tensor, coef: torch.Tensor,
-                 rows: Optional[torch.Tensor] = None, t2d: Optional[torch.Tensor] = None):
+                 rows: Optional[torch.Tensor] = None, t2d: Optional[torch.Tensor] = None,
+                 lse: Optional[torch.Tensor] = None):
     """Per-row terms [5, n] and dLoss/dz [n, N] for draft logits z [n, N] and target logits t [n, V].
 
     With a draft vocabulary (``rows`` [N] target ids, ``t2d`` [V] their inverse, -1 elsewhere) q lives
     on those N tokens: p is restricted to them (p_S, not renormalised), the target mass outside,
     1 − Σ p_S, is unreachable and enters TV as a constant, CE counts only targets inside the vocabulary
-    (``in_vocab``), and the soft CE is −Σ_S p log q (gradient q·Σp_S − p_S)."""
+    (``in_vocab``), and the soft CE is −Σ_S p log q (gradient q·Σp_S − p_S).  Given the target's
+    log-normaliser ``lse`` [n] (logsumexp over all V), t holds only the N draft-vocabulary logits and
+    p_S = exp(t − lse): the [n, V] target logits are never formed."""
     logq = torch.log_softmax(z, dim=-1)
     q = logq.exp()
-    p = torch.softmax(t, dim=-1)
+    if lse is not None:
+        if rows is None:
+            raise ValueError("_chunk_terms: a target log-normaliser is only used with a draft vocabulary")
+        # p_S from the stored normaliser; rounding (bf16 logits) can push Σ p_S a hair over 1
+        p = (t - lse.unsqueeze(-1)).exp_().clamp_(max=1.0)
+    else:
+        p = torch.softmax(t, dim=-1)
     if rows is None:
         yd, inv, out, psum = y, torch.ones_like(y, dtype=z.dtype), 0.0, 1.0
     else:
-        p = p.index_select(-1, rows)
+        if lse is None:
+            p = p.index_select(-1, rows)
         yd = t2d[y]
         inv = (yd >= 0).to(z.dtype)
         yd = yd.clamp(min=0)
@@ -84,7 +94,7 @@ def _chunk_terms(z: torch.Tensor, t: torch.Tensor, y: torch.Tensor, coef: torch.
 
 class _FusedLogitLoss(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits_fn, target_logits_fn, chunk, vocab, h, u, w2, tgt_h, tokens, coef, *params):
+    def forward(ctx, logits_fn, target_logits_fn, chunk, vocab, h, u, w2, tgt_h, tgt_lse, tokens, coef, *params):
         rows, t2d = vocab if vocab is not None else (None, None)
         n = h.shape[0]
         inputs = [x for x in (h, u, w2) if x is not None]
@@ -108,7 +118,8 @@ class _FusedLogitLoss(torch.autograd.Function):
                 z = z.float()
             with torch.no_grad():
                 t = target_logits_fn(tgt_h[sl]).float()
-                loss, st, gz = _chunk_terms(z.detach(), t, tokens[sl], coef[sl].float(), rows, t2d)
+                loss, st, gz = _chunk_terms(z.detach(), t, tokens[sl], coef[sl].float(), rows, t2d,
+                                            None if tgt_lse is None else tgt_lse[sl].float())
             total += loss
             stats.append(st)
             want = [x for x in leaves + list(params) if x.requires_grad]
@@ -138,7 +149,7 @@ class _FusedLogitLoss(torch.autograd.Function):
         if not has_u:
             gi = gi + [None, None]
         gp = [next(saved) * grad_total for _ in range(n_params)]
-        return (None, None, None, None, gi[0], gi[1], gi[2], None, None, None, *gp)
+        return (None, None, None, None, gi[0], gi[1], gi[2], None, None, None, None, *gp)
 
 
 def fused_logit_loss(h: torch.Tensor, tgt_h: torch.Tensor, tokens: torch.Tensor, coef: torch.Tensor,
@@ -147,22 +158,30 @@ def fused_logit_loss(h: torch.Tensor, tgt_h: torch.Tensor, tokens: torch.Tensor,
                      u: Optional[torch.Tensor] = None, w2: Optional[torch.Tensor] = None,
                      params: Sequence[torch.Tensor] = (), chunk_rows: Optional[int] = None,
                      vocab: Optional[int] = None, draft_vocab: Optional[torch.Tensor] = None,
-                     t2d: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
+                     t2d: Optional[torch.Tensor] = None, target_lse: Optional[torch.Tensor] = None
+                     ) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
     """Weighted loss sum and per-row statistics over rows of h [N, D] (see the module docstring).
 
     tgt_h [N, H]: the target hidden states whose logits give p; tokens [N]: the true next tokens;
     coef [N, 3]: per-row weights of (CE, L1, soft CE); u [N, r] and w2 [r, V]: optional low-rank bias;
     params: trainable tensors ``logits_fn`` uses (their gradients are computed too).
     draft_vocab [N] / t2d [V]: ``logits_fn`` scores only these target ids (see `_chunk_terms`); tokens
-    stay target ids.  Returns (loss sum with gradients, {ce, tv, top1, soft_ce, in_vocab: [rows]})."""
+    stay target ids.  target_lse [N rows]: the target's log-normaliser per row (a cache column); with a
+    draft vocabulary ``target_logits_fn`` then returns only the draft vocabulary's target logits, so
+    the step's head cost scales with the draft vocabulary, not V.
+    Returns (loss sum with gradients, {ce, tv, top1, soft_ce, in_vocab: [rows]})."""
     if (u is None) != (w2 is None):
         raise ValueError("fused_logit_loss: u and w2 go together")
-    if chunk_rows is None:
-        chunk_rows = rows_per_chunk(vocab if vocab is not None else (w2.shape[-1] if w2 is not None else 1 << 16),
-                                    LOGITS_PER_CHUNK_CUDA if h.is_cuda else LOGITS_PER_CHUNK)
+    if chunk_rows is None:   # the widest per-row temporaries: V target logits, or only N with target_lse
+        width = vocab if vocab is not None else (w2.shape[-1] if w2 is not None else 1 << 16)
+        if target_lse is not None and draft_vocab is not None:
+            width = draft_vocab.numel()
+        chunk_rows = rows_per_chunk(width, LOGITS_PER_CHUNK_CUDA if h.is_cuda else LOGITS_PER_CHUNK)
     if (draft_vocab is None) != (t2d is None):
         raise ValueError("fused_logit_loss: draft_vocab and t2d go together")
+    if target_lse is not None and draft_vocab is None:
+        raise ValueError("fused_logit_loss: target_lse goes with a draft vocabulary")
     pair = None if draft_vocab is None else (draft_vocab, t2d)
     total, st = _FusedLogitLoss.apply(logits_fn, target_logits_fn, max(1, int(chunk_rows)), pair, h, u, w2,
-                                      tgt_h, tokens, coef, *params)
+                                      tgt_h, target_lse, tokens, coef, *params)
     return total, dict(zip(STAT_NAMES, st.unbind(0)))

@@ -150,11 +150,13 @@ class ParallelDrafter(Drafter):
         valid_pos = ok[..., :1] & torch.cumprod(ok[..., 1:].int(), dim=-1).bool()      # prefix of k = 1..γ
         pos_prev = span[..., :g]                                                        # p+k-1 for k=1..γ
         feats = batch["features"].to(dev)
+        target_fn, lse = self.target_side(batch)
         return SimpleNamespace(
             ids=ids, am=am, anchors=anchors, valid=valid_pos[..., 0], valid_pos=valid_pos,
             ctx_kv=self._context_kv(feats, torch.arange(T, device=dev).expand(B, T)),
             tokens=_gather_pos(ids, pos_prev + 1), prev=_gather_pos(ids, pos_prev),
             tgt_hidden=_gather_pos(batch["last_hidden"].to(dev), pos_prev),
+            target_fn=target_fn, tgt_lse=None if lse is None else _gather_pos(lse, pos_prev),
             anchor_feat=self._anchor_feat(feats, anchors))
 
     def _anchor_feat(self, features: torch.Tensor, anchors: torch.Tensor) -> Optional[torch.Tensor]:
@@ -168,22 +170,24 @@ class ParallelDrafter(Drafter):
         """Base logits U_k of normed hidden states (draft out-projection, then the target's LM head)."""
         return self.draft_logits(self.out_proj(h) if self.out_proj is not None else h)
 
-    def _chunk_loss(self, hn, tgt_hidden, tokens, prev, valid_pos):
+    def _chunk_loss(self, hn, tgt_hidden, tokens, prev, valid_pos, target_fn, tgt_lse):
         """Loss numerator and per-position stats of one anchor chunk: 0.1·CE + 0.9·L1 (L1 = Σ|q − p| =
-        2·TV) through the fused logits loss, plus 1.0·BCE(c_k, 1 − TV_k), each weighted by w_k."""
+        2·TV) (+ soft_ce_weight·(−Σ p log q), 0 by default) through the fused logits loss, plus
+        1.0·BCE(c_k, 1 − TV_k), each weighted by w_k."""
         lc = self.cfg.loss
         D, g = hn.shape[-1], hn.shape[-2]
         h2, p2 = hn.reshape(-1, g, D), prev.reshape(-1, g)
         wv = (position_weights(g, lc.position_decay, hn.device) * valid_pos).reshape(-1).float()
-        coef = torch.stack([lc.ce_weight * wv, lc.l1_weight * wv, torch.zeros_like(wv)], -1)
+        coef = torch.stack([lc.ce_weight * wv, lc.l1_weight * wv, lc.soft_ce_weight * wv], -1)
         u = e = None
         if self.head is not None:
             u, e = self.head.low_rank(h2, p2)
         num, terms = fused_logit_loss(
             h2.reshape(-1, D), tgt_hidden.reshape(-1, tgt_hidden.shape[-1]), tokens.reshape(-1), coef,
-            self._head_logits, self.lm_logits, u=None if u is None else u.reshape(-1, u.shape[-1]),
+            self._head_logits, target_fn, u=None if u is None else u.reshape(-1, u.shape[-1]),
             w2=None if u is None else self.head.w2, vocab=self.vocab_size,
             draft_vocab=self.draft_vocab, t2d=self.target_to_draft(),
+            target_lse=None if tgt_lse is None else tgt_lse.reshape(-1),
             params=[] if self.out_proj is None else list(self.out_proj.parameters()))
         terms = {k: v.reshape(valid_pos.shape) for k, v in terms.items()}
         if self.conf_head is not None:  # always in the graph (weight 0 included): no unused parameters under DDP
@@ -205,7 +209,7 @@ class ParallelDrafter(Drafter):
             af = None if b.anchor_feat is None else b.anchor_feat[:, sl]
             hn = self._backbone(_gather_pos(b.ids, a), a, b.ctx_kv, self._block_mask(a, b.am), af)
             num, st = self._chunk_loss(hn, b.tgt_hidden[:, sl], b.tokens[:, sl], b.prev[:, sl],
-                                       b.valid_pos[:, sl])
+                                       b.valid_pos[:, sl], b.target_fn, None if b.tgt_lse is None else b.tgt_lse[:, sl])
             total = num if total is None else total + num
             stats = st if stats is None else stats + st
         if total is None:  # no anchor columns at all

@@ -13,6 +13,7 @@ from typing import List
 import numpy as np
 import torch
 
+from ..cache.format import BLOB_COLUMNS
 from ..drafts import build_drafter
 from ..prepare.samples import capture_batch, encode_row, length_batches, pad_token_id
 from ..targets.chat import encode_prompt
@@ -61,13 +62,13 @@ def probe_capture(target, codec, items, probe_tokens: int, batch_tokens: int):
     captured = []
     for batch in batches:
         t0 = time.perf_counter()
-        f, h = capture_batch(target, batch, pad)
+        f, h, lse = capture_batch(target, batch, pad)
         if target.device.type == "cuda":
             torch.cuda.synchronize()
         t1 = time.perf_counter()
         for b, it in enumerate(batch):
-            row = encode_row(codec, it, f[b], h[b])
-            nbytes += len(row["input_ids"]) + len(row["loss_mask"]) + len(row["features"]) + len(row["last_hidden"])
+            row = encode_row(codec, it, f[b], h[b], lse[b])
+            nbytes += sum(len(row[c]) for c in BLOB_COLUMNS)
             t = len(it["ids"])
             raw += t * 2 * (f.shape[-1] + h.shape[-1])
             captured.append({"input_ids": torch.from_numpy(it["ids"].astype(np.int64)),

@@ -46,7 +46,7 @@ def calibration_sample(cfg, target, src: Path, calib_tokens: int) -> Tuple[torch
         raise CacheError(f"{src}: no usable record for the codec calibration")
     pad = pad_token_id(target)
     for batch in length_batches(chosen, max(1, int(cfg.cache.batch_tokens))):
-        f_, l_ = capture_batch(target, batch, pad)
+        f_, l_, _ = capture_batch(target, batch, pad)
         for b, it in enumerate(batch):
             t = len(it["ids"])
             feats.append(f_[b, :t])

@@ -151,12 +151,16 @@ def capture_batch(target, batch, pad_id: int):
         ids[b, : lens[b]] = torch.from_numpy(it["ids"].astype(np.int64))
         am[b, : lens[b]] = 1
     cap = target.capture(ids, attention_mask=None if min(lens) == T else am)
-    return cap.features.to(torch.bfloat16).cpu(), cap.last_hidden.to(torch.bfloat16).cpu()
+    last = cap.last_hidden.to(torch.bfloat16)
+    # the log-normaliser of the logits training will see: from the stored (bf16) last_hidden, in fp32
+    lse = target.log_normalizer(last)
+    return cap.features.to(torch.bfloat16).cpu(), last.cpu(), lse.cpu()
 
 
-def encode_row(codec: Codec, it, feats: torch.Tensor, last: torch.Tensor) -> Dict[str, Any]:
+def encode_row(codec: Codec, it, feats: torch.Tensor, last: torch.Tensor, lse: torch.Tensor) -> Dict[str, Any]:
     t = len(it["ids"])
     return {"sample_index": it["index"], "id": it["id"], "num_tokens": t,
             "num_loss_tokens": int(it["mask"].sum()),
             "input_ids": encode_array(it["ids"].astype("<i4")), "loss_mask": encode_array(it["mask"]),
-            "features": codec.encode(feats[:t], "features"), "last_hidden": codec.encode(last[:t], "last_hidden")}
+            "features": codec.encode(feats[:t], "features"), "last_hidden": codec.encode(last[:t], "last_hidden"),
+            "target_lse": encode_array(lse[:t].numpy().astype("<f4"))}

@@ -167,6 +167,18 @@ class TargetAdapter:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits
 
+    def log_normalizer(self, hidden: torch.Tensor, logits_per_chunk: int = 1 << 22) -> torch.Tensor:
+        """logsumexp over the whole vocabulary of the fp32 logits of ``hidden`` [..., H] -> [...] fp32,
+        a chunk of rows at a time (never a [rows x V] tensor larger than ``logits_per_chunk``).  With
+        it p_v = exp(logit_v - lse) needs only the logits of the tokens of interest (a draft vocabulary)."""
+        with torch.no_grad():
+            flat = hidden.reshape(-1, hidden.shape[-1])
+            step = max(1, int(logits_per_chunk) // max(1, self.vocab_size))
+            out = [torch.logsumexp(self.logits_from_hidden(flat[i:i + step].float(), dtype=torch.float32), dim=-1)
+                   for i in range(0, flat.shape[0], step)]
+            lse = torch.cat(out) if out else flat.new_zeros(0, dtype=torch.float32)
+        return lse.reshape(hidden.shape[:-1])
+
     # -- forward passes ----------------------------------------------------------
     @property
     def decoder(self) -> nn.Module:

@@ -34,7 +34,7 @@ _EPOCH_SALT = 0xDA7A
 
 
 # ---------------------------------------------------------------------------------------------
-# sources: index -> {"input_ids", "loss_mask"[, "features", "last_hidden"]}
+# sources: index -> {"input_ids", "loss_mask"[, "features", "last_hidden"[, "target_lse"]]}
 # ---------------------------------------------------------------------------------------------
 class CachedSequences:
     """Samples of a hidden-state cache (`deepspec.cache.CacheReader`), cut to ``max_length``."""
@@ -57,8 +57,11 @@ class CachedSequences:
     def __getitem__(self, i: int) -> Dict[str, torch.Tensor]:
         s = self.reader[int(i)]
         n = s["input_ids"].shape[0] if not self.max_length else min(s["input_ids"].shape[0], self.max_length)
-        return {"input_ids": s["input_ids"][:n].long(), "loss_mask": s["loss_mask"][:n].bool(),
-                "features": s["features"][:n], "last_hidden": s["last_hidden"][:n]}
+        out = {"input_ids": s["input_ids"][:n].long(), "loss_mask": s["loss_mask"][:n].bool(),
+               "features": s["features"][:n], "last_hidden": s["last_hidden"][:n]}
+        if "target_lse" in s:
+            out["target_lse"] = s["target_lse"][:n]
+        return out
 
     def tokens(self, i: int) -> Dict[str, torch.Tensor]:
         """input_ids and loss_mask only (no feature decoding), cut like ``self[i]``."""
@@ -144,11 +147,13 @@ class OnlineFeatures:
     """Adds target features to a collated batch: one frozen forward per micro-batch.
 
     Runs in inference mode (in the target's dtype, e.g. bf16) and casts to ``dtype`` (bf16 by
-    default, what the cache stores) so online and cached training see the same inputs."""
+    default, what the cache stores) so online and cached training see the same inputs.  With
+    ``with_lse`` it adds ``target_lse`` as a cache build stores it (fp32, from the cast last_hidden)."""
 
-    def __init__(self, target, dtype: Optional[torch.dtype] = torch.bfloat16):
+    def __init__(self, target, dtype: Optional[torch.dtype] = torch.bfloat16, with_lse: bool = False):
         self.target = target
         self.dtype = dtype
+        self.with_lse = with_lse
 
     def __call__(self, batch: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
         am = batch["attention_mask"]
@@ -158,6 +163,8 @@ class OnlineFeatures:
             # copy=True leaves inference mode's tensors behind (they cannot be saved for backward)
             out = t.to(dtype=self.dtype or t.dtype, copy=True)
             batch[key] = out.masked_fill_(~keep, 0)
+        if self.with_lse:
+            batch["target_lse"] = self.target.log_normalizer(batch["last_hidden"]).masked_fill_(~keep[..., 0], 0)
         return batch
 
 
@@ -257,19 +264,18 @@ def collate(samples: Sequence[Dict[str, torch.Tensor]], anchors: Sequence[torch.
              "loss_mask": torch.zeros(B, T, dtype=torch.bool),
              "attention_mask": torch.zeros(B, T, dtype=torch.bool),
              "anchors": torch.full((B, N), -1, dtype=torch.long)}
-    for key in ("features", "last_hidden"):
-        if key in samples[0]:
-            ref = samples[0][key]
-            batch[key] = torch.zeros(B, T, ref.shape[-1], dtype=ref.dtype)
+    per_token = [k for k in ("features", "last_hidden", "target_lse") if k in samples[0]]
+    for key in per_token:
+        ref = samples[0][key]
+        batch[key] = torch.zeros(B, T, *ref.shape[1:], dtype=ref.dtype)
     for b, (s, a) in enumerate(zip(samples, anchors)):
         n = lens[b]
         batch["input_ids"][b, :n] = s["input_ids"]
         batch["loss_mask"][b, :n] = s["loss_mask"]
         batch["attention_mask"][b, :n] = True
         batch["anchors"][b, :a.numel()] = a
-        for key in ("features", "last_hidden"):
-            if key in batch:
-                batch[key][b, :n] = s[key]
+        for key in per_token:
+            batch[key][b, :n] = s[key]
     return batch
 
 

@@ -137,7 +137,8 @@ class Trainer:
             if dtype == "bad":
                 raise ValueError(f"train.online_feature_dtype={cfg.train.online_feature_dtype!r}: "
                                  "use bfloat16 | float32 | native")
-            return source, OnlineFeatures(self.target, dtype)
+            # target_lse only serves a draft-vocabulary loss (it then scores N, not V, target logits)
+            return source, OnlineFeatures(self.target, dtype, with_lse=cfg.draft.vocab_size is not None)
         cache_dir = paths.cache_dir(cfg)
         if not Path(cache_dir).is_dir():
             raise FileNotFoundError(f"no hidden-state cache at {cache_dir}: run `deepspec prepare` first, "

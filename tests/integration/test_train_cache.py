@@ -63,11 +63,13 @@ def test_same_batch_same_loss_cached_and_online(cached):
         assert torch.equal(cache_src[i]["input_ids"], online_src[i]["input_ids"])
         assert torch.equal(cache_src[i]["loss_mask"], online_src[i]["loss_mask"])
     b_cache = build_micro_batch(cache_src, items, 6, seed=0)
-    b_online = OnlineFeatures(target)(build_micro_batch(online_src, items, 6, seed=0))
+    b_online = OnlineFeatures(target, with_lse=True)(build_micro_batch(online_src, items, 6, seed=0))
     assert torch.equal(b_cache["anchors"], b_online["anchors"]) and b_cache["anchors"].ge(0).any()
     for k in ("features", "last_hidden"):
         assert b_cache[k].dtype == b_online[k].dtype == torch.bfloat16
         torch.testing.assert_close(b_cache[k].float(), b_online[k].float(), atol=0.02, rtol=0.01)
+    assert b_cache["target_lse"].dtype == b_online["target_lse"].dtype == torch.float32
+    torch.testing.assert_close(b_cache["target_lse"], b_online["target_lse"], atol=0.02, rtol=0.01)
     for algo in ("dflash", "dspark", "eagle3"):  # the trainable drafters (eval registers reference ones)
         torch.manual_seed(0)
         d = build_drafter(target, type(cfg.draft)(**{**cfg.draft.__dict__, "algorithm": algo}))

@@ -64,14 +64,14 @@ def test_roundtrip_bit_exact(built, target):
         recs = [(i, lines[i]) for i in range(4 * k, min(4 * k + 4, len(lines))) if lines[i].strip()]
         items = tokenize_records(target, recs, regen, 96, "error", [])
         for batch in length_batches(items, 200):
-            f, h = capture_batch(target, batch, pad_token_id(target))
+            f, h, lse = capture_batch(target, batch, pad_token_id(target))
             for b, it in enumerate(batch):
                 t = len(it["ids"])
-                expect[it["index"]] = (it, f[b, :t], h[b, :t])
+                expect[it["index"]] = (it, f[b, :t], h[b, :t], lse[b, :t])
     assert sorted(expect) == r.sample_indices.tolist()
     for i in range(len(r)):
         s = r[i]
-        it, f, h = expect[int(r.sample_indices[i])]
+        it, f, h, lse = expect[int(r.sample_indices[i])]
         assert s["input_ids"].dtype == torch.long and s["loss_mask"].dtype == torch.bool
         assert s["features"].dtype == torch.bfloat16 and s["last_hidden"].dtype == torch.bfloat16
         assert s["input_ids"].tolist() == it["ids"].tolist()
@@ -79,6 +79,11 @@ def test_roundtrip_bit_exact(built, target):
         assert torch.equal(s["features"].view(torch.int16), f.view(torch.int16))
         assert torch.equal(s["last_hidden"].view(torch.int16), h.view(torch.int16))
         assert s["features"].shape == (len(it["ids"]), target.feature_dim)
+        # target_lse: logsumexp of the fp32 logits of the stored last_hidden, exactly as captured
+        assert r.has_target_lse and s["target_lse"].dtype == torch.float32
+        assert torch.equal(s["target_lse"], lse)
+        ref = torch.logsumexp(target.logits_from_hidden(s["last_hidden"].float(), dtype=torch.float32), -1)
+        assert torch.allclose(s["target_lse"], ref, atol=1e-4)
         assert r.num_tokens(i) == len(it["ids"]) == int(r.lengths[i])
         assert r.sample_id(i) == json.loads(lines[int(r.sample_indices[i])])["id"]
     # the stored tokens are what encode_chat gives (truncated to data.max_length)
@@ -179,6 +184,34 @@ def test_reader_refuses_mixed_codecs(built, tmp_path):
     i = int(np.flatnonzero(r._shard_of == 1)[0])
     with pytest.raises(CacheCorruptError, match="never mixes codecs"):
         r[i]
+
+
+def test_version_1_caches_stay_readable(built, tmp_path, capsys):
+    """A cache written before ``target_lse`` existed (format version 1: no such column) still opens,
+    verifies and decodes; its samples simply carry no ``target_lse``."""
+    _, out, _ = built
+    d = _tree_copy(out, tmp_path / "v1")
+    m = json.loads((d / MANIFEST).read_text())
+    for k, sh in enumerate(m["shards"]):
+        p = d / sh["file"]
+        table = pa.ipc.open_file(pa.py_buffer(p.read_bytes())).read_all().drop_columns(["target_lse"])
+        with pa.OSFile(str(p), "wb") as f, pa.ipc.new_file(f, table.schema) as w:
+            w.write_table(table)
+        sh.update(bytes=p.stat().st_size, sha256=sha256_file(p))
+    m["format_version"] = 1
+    (d / MANIFEST).write_text(json.dumps(m))
+    r, new = CacheReader(d), CacheReader(out)
+    assert not r.has_target_lse and new.has_target_lse
+    assert r.verify(decode=True) == []
+    old_s, new_s = r[3], new[3]
+    assert "target_lse" not in old_s and "target_lse" in new_s
+    assert torch.equal(old_s["last_hidden"].view(torch.int16), new_s["last_hidden"].view(torch.int16))
+    assert cli.main(["info", str(d)]) == 0
+    assert "not stored (format version 1)" in capsys.readouterr().out
+    m["format_version"] = 3
+    (d / MANIFEST).write_text(json.dumps(m))
+    with pytest.raises(CacheCorruptError, match="format_version 3 is not supported"):
+        CacheReader(d)
 
 
 def test_info_output(built, capsys):

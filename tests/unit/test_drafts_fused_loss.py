@@ -115,3 +115,36 @@ def test_fused_with_a_draft_vocabulary_equals_autograd(chunk):
     assert st["in_vocab"].tolist() == inv.float().tolist()
     for a, b in zip(torch.autograd.grad(got, leaves), ref_g):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("chunk", [3, N])
+def test_stored_log_normaliser_gives_the_same_loss(chunk):
+    """With the target's log-normaliser per row (a cache column), the target side scores only the draft
+    vocabulary: p_S = exp(t_S − lse) — value, statistics and gradients equal the full-V computation."""
+    head, proj, h, u, w2, tgt_h, tokens, coef = _setup()
+    g = torch.Generator().manual_seed(7)
+    rows = torch.randperm(V, generator=g)[:40].sort().values
+    tokens[:8] = rows[torch.randint(0, 40, (8,), generator=g)]
+    t2d = torch.full((V,), -1, dtype=torch.long)
+    t2d[rows] = torch.arange(40)
+    w2s = w2.detach()[:, :40].clone().requires_grad_()
+    leaves = [h, u, w2s] + list(proj.parameters())
+    kw = dict(u=u, w2=w2s, params=list(proj.parameters()), chunk_rows=chunk, draft_vocab=rows, t2d=t2d)
+    full, st_full = fused_logit_loss(h, tgt_h, tokens, coef, lambda x: proj(x) @ head[rows].T,
+                                     lambda x: x @ head.T, **kw)
+    g_full = torch.autograd.grad(full, leaves)
+    lse = torch.logsumexp(tgt_h @ head.T, -1)
+    sub, st_sub = fused_logit_loss(h, tgt_h, tokens, coef, lambda x: proj(x) @ head[rows].T,
+                                   lambda x: x @ head[rows].T, target_lse=lse, **kw)
+    torch.testing.assert_close(sub, full, rtol=1e-5, atol=1e-5)
+    for k in ("ce", "tv", "soft_ce", "top1", "in_vocab"):
+        torch.testing.assert_close(st_sub[k], st_full[k], rtol=1e-5, atol=1e-6)
+    for a, b in zip(torch.autograd.grad(sub, leaves), g_full):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_log_normaliser_needs_a_draft_vocabulary():
+    head, proj, h, u, w2, tgt_h, tokens, coef = _setup()
+    with pytest.raises(ValueError, match="target_lse"):
+        fused_logit_loss(h, tgt_h, tokens, coef, lambda x: x @ head.T, lambda x: x @ head.T,
+                         target_lse=torch.zeros(N))

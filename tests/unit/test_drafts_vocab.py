@@ -73,6 +73,30 @@ def test_a_full_size_draft_vocabulary_equals_the_full_vocabulary(tiny_llama, nam
 
 
 @pytest.mark.parametrize("name", list(ALGOS))
+def test_a_stored_log_normaliser_gives_the_same_loss_and_gradients(tiny_llama, name):
+    """A batch with ``target_lse`` (the cache column) lets a pruned drafter's loss score only the draft
+    vocabulary's target logits; loss, metrics and gradients equal the full-V computation."""
+    t = tiny_llama
+    n = t.vocab_size // 3
+    ids = torch.randperm(t.vocab_size, generator=torch.Generator().manual_seed(1))[:n].sort().values
+    torch.manual_seed(0)
+    d = build_drafter(t, DraftConfig(gamma=G, num_layers=1, vocab_size=n, **ALGOS[name]))
+    d.set_draft_vocab(ids)
+    batch = _batch(t)
+    a = d(batch)
+    ga = torch.autograd.grad(a["loss"], d.trainable_parameters(), allow_unused=True)
+    batch["target_lse"] = t.log_normalizer(batch["last_hidden"])
+    b = d(batch)
+    gb = torch.autograd.grad(b["loss"], d.trainable_parameters(), allow_unused=True)
+    torch.testing.assert_close(b["loss"], a["loss"], rtol=1e-5, atol=1e-6)
+    for k in ("expected_tau", "tv", "ce", "vocab_coverage"):
+        assert b["metrics"][k] == pytest.approx(a["metrics"][k], rel=1e-5, abs=1e-7), k
+    for x, y in zip(ga, gb):
+        if x is not None:
+            torch.testing.assert_close(y, x, rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize("name", list(ALGOS))
 def test_pruned_drafter_trains_and_decodes_losslessly(tiny_llama, name, tmp_path):
     t = tiny_llama
     torch.manual_seed(0)
