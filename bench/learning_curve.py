@@ -17,6 +17,20 @@ Ablations: ``--variant LABEL=DRAFTER[,override...]`` (repeatable) trains named v
 ``--only``, e.g. ``--variant markov_L3=dspark_markov,draft.num_layers=3``.  With ``--prepare`` a
 missing work directory is regenerated and cached first (the same stages as `bench/reference.py`),
 so one command reruns an ablation from nothing.
+
+Each held-out point also carries ``train_wall_s``: the training seconds up to that step, the sum of
+the trainer's per-step ``step_time_s`` in metrics.jsonl (data loading, forward/backward, optimizer
+step) — held-out evaluations, checkpoint saves and start-up are **not** counted.  The PNG plots
+held-out E[τ] against steps and against these seconds (and the held-out CE against steps); records
+written before these times existed render without the seconds panel's lines.
+
+Resuming: nothing here deletes a run directory, and the trainer resumes from the newest complete
+checkpoint in it (``train.resume``, on by default).  Each variant checkpoints every ``--save-every``
+steps (default ``--eval-every``), so a killed job re-run with the same command continues every
+variant from its last checkpoint (metrics.jsonl keeps the rows up to it; later ones are re-run), and a
+variant whose final checkpoint exists is not started again (its curve is re-read).  The run directory
+is named by the variant's label (or drafter and depth) and ``--steps``: changing a variant's
+overrides under the same label resumes the old run, so give a changed variant a new label.
 """
 from __future__ import annotations
 
@@ -34,18 +48,57 @@ sys.path.insert(0, str(REPO))
 
 from bench.records import record_path  # noqa: E402
 from bench.reference import DRAFTERS, prepare, shared_overrides  # noqa: E402
+from deepspec.train.checkpoint import list_checkpoints  # noqa: E402
 
 KEYS = ("eval/expected_tau", "eval/accept_rate/1", "eval/accept_rate/2", "eval/ce", "eval/tv")
+WALL_CLOCK = ("train_wall_s: training seconds up to the eval step = the sum of the trainer's step_time_s "
+              "(data loading + forward/backward + optimizer step); held-out evals, checkpoint saves and "
+              "start-up excluded")
 
 
 def curve(metrics_path: Path):
-    """The held-out eval rows of a run's metrics.jsonl: [{step, key: value}], by step."""
-    rows = []
-    for line in metrics_path.read_text().splitlines():
-        d = json.loads(line) if line.strip() else {}
+    """The held-out eval rows of a run's metrics.jsonl: [{step, train_wall_s, key: value}], by step.
+
+    ``train_wall_s`` accumulates ``step_time_s`` over the training rows up to the eval step (the rows
+    of a resumed run are those kept up to its checkpoint plus the re-run ones).  With
+    ``train.log_every`` > 1 a logged step's time stands for the unlogged steps since the previous
+    logged one.  None where no training row precedes the eval (metrics without step times)."""
+    evals, step_s = {}, {}
+    for line in Path(metrics_path).read_text().splitlines():
+        try:
+            d = json.loads(line) if line.strip() else {}
+        except json.JSONDecodeError:     # the torn last line of a killed run
+            continue
         if "eval/expected_tau" in d:
-            rows.append({"step": int(d["step"]), **{k: d.get(k) for k in KEYS}})
-    return sorted(rows, key=lambda r: r["step"])
+            evals[int(d["step"])] = {"step": int(d["step"]), **{k: d.get(k) for k in KEYS}}
+        elif "step_time_s" in d:
+            step_s[int(d["step"])] = float(d["step_time_s"])
+    cum, total, prev = [], 0.0, 0
+    for st in sorted(step_s):
+        total += step_s[st] * (st - prev)
+        prev = st
+        cum.append((st, total))
+    rows = []
+    for st in sorted(evals):
+        before = [c for s_, c in cum if s_ <= st]
+        rows.append({**evals[st], "train_wall_s": before[-1] if before else None})
+    return rows
+
+
+def start_step(checkpoints: Path) -> int:
+    """The step a trainer resuming in ``checkpoints`` (``{run_dir}/checkpoints``) starts from: the newest
+    complete checkpoint's, 0 when there is none."""
+    found = list_checkpoints(checkpoints)
+    return found[-1][0] if found else 0
+
+
+def seconds_per_step(d, steps: int):
+    """Training seconds per step of a record's variant: from the last held-out point's ``train_wall_s``,
+    else (records before those times) the wall time of the trainer call ÷ steps."""
+    last = d["curve"][-1] if d.get("curve") else {}
+    if last.get("train_wall_s") is not None and last["step"] > 0:
+        return last["train_wall_s"] / last["step"]
+    return d["train_s"] / steps if d.get("train_s") else None
 
 
 def parse_variants(specs, only, layers):
@@ -80,8 +133,11 @@ def markdown(record) -> str:
             r = next((r for r in record["drafters"][n]["curve"] if r["step"] == s), None)
             cells.append("—" if r is None else f"{r['eval/expected_tau']:.3f} ({r['eval/accept_rate/1']:.3f})")
         out.append(f"| {s} | " + " | ".join(cells) + " |")
-    out.append("| s/step | " + " | ".join(f"{record['drafters'][n]['train_s'] / record['args']['steps']:.1f}"
-                                         for n in names) + " |")
+    per_step = [seconds_per_step(record["drafters"][n], record["args"]["steps"]) for n in names]
+    out.append("| s/step | " + " | ".join("—" if x is None else f"{x:.1f}" for x in per_step) + " |")
+    last = [(record["drafters"][n]["curve"] or [{}])[-1].get("train_wall_s") for n in names]
+    if any(x is not None for x in last):
+        out.append("| train s | " + " | ".join("—" if x is None else f"{x:.0f}" for x in last) + " |")
     return "\n".join(out)
 
 
@@ -89,16 +145,26 @@ def plot(record, png: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
-    for name, d in record["drafters"].items():
+    fig, axes = plt.subplots(1, 3, figsize=(15, 3.8))
+    timed = False
+    for i, (name, d) in enumerate(record["drafters"].items()):
+        color = f"C{i % 10}"     # one colour per variant across the panels
         st = [r["step"] for r in d["curve"]]
-        axes[0].plot(st, [r["eval/expected_tau"] for r in d["curve"]], marker="o", label=name)
-        axes[1].plot(st, [r["eval/ce"] for r in d["curve"]], marker="o", label=name)
+        axes[0].plot(st, [r["eval/expected_tau"] for r in d["curve"]], marker="o", color=color, label=name)
+        axes[2].plot(st, [r["eval/ce"] for r in d["curve"]], marker="o", color=color, label=name)
+        wall = [(r["train_wall_s"], r["eval/expected_tau"]) for r in d["curve"] if r.get("train_wall_s") is not None]
+        if wall:
+            axes[1].plot(*zip(*wall), marker="o", color=color, label=name)
+            timed = True
     axes[0].set(xlabel="training step", ylabel="held-out E[τ] (teacher-forced)")
-    axes[1].set(xlabel="training step", ylabel="held-out CE (nats)")
+    axes[1].set(xlabel="training seconds (Σ step time; evals excluded)", ylabel="held-out E[τ] (teacher-forced)")
+    axes[2].set(xlabel="training step", ylabel="held-out CE (nats)")
+    if not timed:
+        axes[1].text(0.5, 0.5, "no per-step times in this record", ha="center", va="center",
+                     transform=axes[1].transAxes, color="gray")
     for a in axes:
         a.grid(alpha=0.3)
-        a.legend()
+    axes[0].legend()
     fig.tight_layout()
     png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png, dpi=110)
@@ -116,6 +182,9 @@ def main(argv=None) -> int:
     p.add_argument("--layers", type=int, default=1, help="DSpark/DFlash depth (Eagle3 uses 1)")
     p.add_argument("--steps", type=int, default=160)
     p.add_argument("--eval-every", type=int, default=40)
+    p.add_argument("--save-every", type=int, default=None,
+                   help="checkpoint every N steps, where a killed run resumes (default: --eval-every; 0: only "
+                        "the final checkpoint)")
     p.add_argument("--only", nargs="*", default=["dspark_markov", "eagle3"], choices=sorted(DRAFTERS))
     p.add_argument("--variant", nargs="*", default=[], metavar="LABEL=DRAFTER[,override...]",
                    help="named ablation variants, trained instead of --only")
@@ -131,6 +200,7 @@ def main(argv=None) -> int:
     out = Path(args.out) if args.out else record_path("learning_curve", args.label)
 
     from deepspec.config import load_config
+    from deepspec.paths import checkpoints_dir
     from deepspec.train.loop import run as run_train
     work = Path(args.work)
     variants = parse_variants(args.variant, args.only, args.layers)
@@ -142,7 +212,9 @@ def main(argv=None) -> int:
     date = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     record = {"date": date, "command": " ".join([sys.executable, *sys.argv]), "args": vars(args),
               "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                          "loadavg_start": os.getloadavg()}, "stages": stages, "drafters": {}}
+                          "loadavg_start": os.getloadavg()}, "stages": stages, "wall_clock": WALL_CLOCK,
+              "drafters": {}}
+    save_every = args.eval_every if args.save_every is None else args.save_every
     for label, name, extra in variants:
         if args.variant:        # labels are unique and name the variant's settings
             leaf = f"{label}-{args.steps}"
@@ -150,12 +222,20 @@ def main(argv=None) -> int:
             leaf = f"{name}{'' if name == 'eagle3' else f'-L{args.layers}'}-{args.steps}"
         run_dir = work / "curve" / (args.label or "") / leaf
         ov = shared_overrides(args) + DRAFTERS[name] + extra + [
-            f"run_dir={run_dir}", f"train.eval_every={args.eval_every}", f"train.save_every={args.steps}"]
-        t = time.perf_counter()
-        run_train(load_config(ov))
+            f"run_dir={run_dir}", f"train.eval_every={args.eval_every}", f"train.save_every={save_every or args.steps}"]
+        cfg = load_config(ov)
+        start = start_step(checkpoints_dir(cfg)) if cfg.train.resume else 0
+        # train_s: this invocation's trainer call (start-up, evals and saves included; 0 when already done)
+        train_s = 0.0
+        if start < args.steps:        # the trainer resumes from `start`; a finished variant is not started
+            t = time.perf_counter()
+            run_train(cfg)
+            train_s = time.perf_counter() - t
+        else:
+            print(f"{label}: finished earlier (checkpoint step {start} in {run_dir}); re-reading its curve")
         record["drafters"][label] = {"drafter": name, "overrides": extra, "run_dir": str(run_dir),
-                                     "train_s": time.perf_counter() - t, "load_avg_after": os.getloadavg(),
-                                     "curve": curve(run_dir / "metrics.jsonl")}
+                                     "resumed_from_step": start, "train_s": train_s,
+                                     "load_avg_after": os.getloadavg(), "curve": curve(run_dir / "metrics.jsonl")}
     record["machine"]["loadavg_end"] = os.getloadavg()
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=2))

@@ -23,6 +23,9 @@ class EvalConfig:
     multi_turn: bool = True
     measure_baseline: bool = True
     seed: int = 0
+    # Percentile-bootstrap resamples over requests for the 95% intervals of τ and the speedup
+    # (per benchmark; stratified for the domain/overall macro); seeded with `seed`. 0 = off.
+    bootstrap_resamples: int = 1000
     out_dir: Optional[str] = None
     # One short untimed generation before measuring (kernels, allocator, caches).
     warmup: bool = True

@@ -20,6 +20,12 @@ def _f(x, nd: int = 2) -> str:
     return f"{x:.{nd}f}"
 
 
+def _ci(m: Mapping[str, Any], key: str, nd: int = 2) -> str:
+    """``m[key]`` with its bootstrap interval ``m[key + "_ci95"]`` when there is one: ``2.31 [2.10, 2.52]``."""
+    v, ci = _f(m.get(key), nd), m.get(f"{key}_ci95")
+    return v if v == "–" or not ci else f"{v} [{_f(ci[0], nd)}, {_f(ci[1], nd)}]"
+
+
 def _pct(x) -> str:
     return "–" if _f(x) == "–" else f"{100 * x:.1f}%"
 
@@ -74,11 +80,16 @@ def make_plots(out_dir: Path, summary: Mapping[str, Any]) -> Dict[str, str]:
     names = list(bench)
     fig, ax = plt.subplots(figsize=(max(5, 0.8 * len(names) + 2), 4))
     taus = [bench[n]["all_turns"]["tau"] for n in names]
-    ax.bar(range(len(names)), [0 if math.isnan(t) else t for t in taus],
+    cis = [bench[n]["all_turns"].get("tau_ci95") for n in names]
+    err = None
+    if any(cis):   # asymmetric error bars from the bootstrap interval (none where a benchmark has none)
+        err = [[t - c[0] if c and not math.isnan(t) else 0.0 for t, c in zip(taus, cis)],
+               [c[1] - t if c and not math.isnan(t) else 0.0 for t, c in zip(taus, cis)]]
+    ax.bar(range(len(names)), [0 if math.isnan(t) else t for t in taus], yerr=err, capsize=3 if err else 0,
            color=[_DOMAIN_COLORS.get(domain_of(n), "#7f7f7f") for n in names])
-    for i, t in enumerate(taus):
-        if not math.isnan(t):
-            ax.text(i, t, f"{t:.2f}", ha="center", va="bottom", fontsize=8)
+    for i, (t, c) in enumerate(zip(taus, cis)):
+        if not math.isnan(t):   # above the error bar when there is one
+            ax.text(i, max(t, c[1]) if c else t, f"{t:.2f}", ha="center", va="bottom", fontsize=8)
     ax.set_xticks(range(len(names)))
     ax.set_xticklabels(names, rotation=30, ha="right")
     ax.set_ylabel("τ (accepted + 1 per round)")
@@ -145,15 +156,20 @@ def write_report(out_dir: Path, summary: Mapping[str, Any], plots: Optional[Mapp
               f"- sampling: {setup.get('warp')}", f"- max_new_tokens = {setup.get('max_new_tokens')}, "
               f"max_samples = {setup.get('max_samples')}, device = {setup.get('device')}", ""]
     ov = s.get("overall", {})
+    bs = s.get("bootstrap")
     lines += ["## Summary", "",
-              f"**Macro τ = {_f(ov.get('tau'))}** (mean over benchmarks of the per-benchmark τ; τ counts the "
+              f"**Macro τ = {_ci(ov, 'tau')}** (mean over benchmarks of the per-benchmark τ; τ counts the "
               f"bonus/correction token), acceptance rate {_f(ov.get('acceptance_rate'), 3)}, "
-              f"speedup {_f(ov.get('speedup'))}×.", ""]
+              f"speedup {_ci(ov, 'speedup')}×.", ""]
+    if bs:
+        lines += [f"Brackets: {100 * bs['level']:.0f}% percentile-bootstrap intervals over requests "
+                  f"({bs['resamples']} resamples, seed {bs['seed']}; macro numbers resample every benchmark "
+                  "independently).", ""]
     dom = s.get("domains", {})
     if dom:
-        lines += _table(["domain", "benchmarks", "macro τ", "acceptance rate", "speedup"],
-                        [[d, ", ".join(m["benchmarks"]), _f(m.get("tau")), _f(m.get("acceptance_rate"), 3),
-                          _f(m.get("speedup"))] for d, m in dom.items()])
+        lines += _table(["domain", "benchmarks", "requests", "macro τ", "acceptance rate", "speedup"],
+                        [[d, ", ".join(m["benchmarks"]), m.get("requests", "–"), _ci(m, "tau"),
+                          _f(m.get("acceptance_rate"), 3), _ci(m, "speedup")] for d, m in dom.items()])
         lines.append("")
 
     lines += ["## Per benchmark", ""]
@@ -165,8 +181,8 @@ def write_report(out_dir: Path, summary: Mapping[str, Any], plots: Optional[Mapp
         for suffix, m in variants:
             sp, bl = m.get("spec", {}), m.get("baseline") or {}
             rows.append([name + suffix, domain_of(name), m.get("requests"), m.get("rounds"), sp.get("generated_tokens"),
-                         _f(m.get("tau")), _f(m.get("acceptance_rate"), 3), _f(m.get("verified_per_round")),
-                         _f(sp.get("tokens_per_s"), 1), _f(bl.get("tokens_per_s"), 1), _f(m.get("speedup"))])
+                         _ci(m, "tau"), _f(m.get("acceptance_rate"), 3), _f(m.get("verified_per_round")),
+                         _f(sp.get("tokens_per_s"), 1), _f(bl.get("tokens_per_s"), 1), _ci(m, "speedup")])
     lines += _table(["benchmark", "domain", "requests", "rounds", "tokens", "τ", "accept rate",
                      "verified/round", "spec tok/s", "plain tok/s", "speedup"], rows)
     lines.append("")

@@ -40,6 +40,7 @@ from ..targets.chat import encode_prompt
 from ..utils.fs import atomic_write, jsonl_line
 from . import reference_drafters  # noqa: F401  (registers target_as_draft / fixed_distribution_draft)
 from .benchmarks import Sample, domain_of, load_benchmarks
+from .bootstrap import LEVEL, benchmark_interval, bootstrap_intervals, request_totals
 from .latency import format_round_split, round_split
 from .metrics import (acceptance_metrics, cumulative_confidence_points, macro_average, nanmean, reliability,
                       speed_metrics, threshold_sweep)
@@ -168,19 +169,30 @@ def _summarize(reqs: Sequence[RequestRecord], gamma: int) -> Dict[str, Any]:
 
 
 def summarize(records: Sequence[RequestRecord], gamma: int, temperatures: Optional[Sequence[float]] = None,
-              greedy: bool = False) -> Dict[str, Any]:
-    """All numbers of the report from the per-request records."""
+              greedy: bool = False, bootstrap_resamples: int = 0, bootstrap_seed: int = 0) -> Dict[str, Any]:
+    """All numbers of the report from the per-request records; with ``bootstrap_resamples`` > 0 also
+    ``tau_ci95`` (and ``speedup_ci95``) per benchmark, domain and overall (`deepspec.eval.bootstrap`)."""
     by_bench: Dict[str, List[RequestRecord]] = {}
     for r in records:
         by_bench.setdefault(r.benchmark, []).append(r)
     benchmarks: Dict[str, Any] = {}
     for name, reqs in by_bench.items():
-        multi = any(q.turn > 0 for q in reqs)
+        first = [q for q in reqs if q.turn == 0] if any(q.turn > 0 for q in reqs) else None
         benchmarks[name] = {"domain": domain_of(name), "all_turns": _summarize(reqs, gamma),
-                            "first_turn": _summarize([q for q in reqs if q.turn == 0], gamma) if multi else None}
+                            "first_turn": _summarize(first, gamma) if first is not None else None}
+        if first is not None:
+            benchmarks[name]["first_turn"].update(benchmark_interval(
+                request_totals(first), bootstrap_resamples, bootstrap_seed, f"{name}/turn1"))
     flat = {n: b["all_turns"] for n, b in benchmarks.items()}
     macro = macro_average(flat, keys=("tau", "acceptance_rate", "speedup", "verified_per_round"))
+    ci = bootstrap_intervals({n: request_totals(r) for n, r in by_bench.items()}, bootstrap_resamples, bootstrap_seed)
+    for n, e in ci.get("benchmarks", {}).items():
+        flat[n].update(e)
+    for part in (*macro["domains"].values(), macro["overall"]):
+        part["requests"] = sum(flat[b]["requests"] for b in part["benchmarks"])
+    macro["overall"].update(ci.get("overall", {}))
     for d, dm in macro["domains"].items():
+        dm.update(ci.get("domains", {}).get(d, {}))
         dm["conditional_acceptance"] = _position_mean([flat[b]["conditional_acceptance"] for b in dm["benchmarks"]])
         dm["prefix_survival"] = _position_mean([flat[b]["prefix_survival"] for b in dm["benchmarks"]])
     macro["overall"]["conditional_acceptance"] = _position_mean([m["conditional_acceptance"] for m in flat.values()])
@@ -194,6 +206,9 @@ def summarize(records: Sequence[RequestRecord], gamma: int, temperatures: Option
              "round_split": round_split([r.spec for r in records], base_res)}
     out: Dict[str, Any] = {"gamma": gamma, "benchmarks": benchmarks, "domains": macro["domains"],
                            "overall": macro["overall"], "speed": speed,
+                           "bootstrap": {"resamples": int(bootstrap_resamples), "seed": int(bootstrap_seed),
+                                         "level": LEVEL, "unit": "request", "macro": "stratified by benchmark"}
+                           if bootstrap_resamples > 0 else None,
                            "pooled": acceptance_metrics([x for r in records for x in r.spec.rounds], gamma)}
     if greedy and base_res:
         pairs = [(r.spec.tokens, r.baseline.tokens) for r in records if r.baseline is not None]
@@ -360,7 +375,8 @@ def run(cfg) -> Dict[str, Any]:
     with open(out / "samples.jsonl", "w", encoding="utf-8") as f:
         for r in records:
             f.write(jsonl_line(_clean(r.to_json())) + "\n")
-    summary = summarize(records, gamma, temps, greedy=warp.greedy)
+    summary = summarize(records, gamma, temps, greedy=warp.greedy,
+                        bootstrap_resamples=int(getattr(ec, "bootstrap_resamples", 0) or 0), bootstrap_seed=ec.seed)
     summary["setup"] = {"target": f"{target.name} ({cfg.target.path})", "drafter": f"{dinfo['algorithm']} ({dinfo['source']})",
                         "policy": getattr(policy, "name", type(policy).__name__), "warp": warp.describe(),
                         "max_new_tokens": ec.max_new_tokens, "max_samples": ec.max_samples,
