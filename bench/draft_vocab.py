@@ -33,6 +33,25 @@ def _rss_mb() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
 
 
+def _reset_peak_rss() -> bool:
+    """Reset this process's peak RSS (Linux: ``5`` into /proc/self/clear_refs), so the peak that follows
+    is the measured section's and not the target's loading; False where the kernel does not allow it."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _peak_rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def measure(args, argv) -> dict:
     """Every size in its own process (this script with ``argv`` + ``--size-worker N``), so each peak RSS
     is that size's alone."""
@@ -44,9 +63,9 @@ def measure(args, argv) -> dict:
         if p.returncode != 0:
             raise SystemExit(f"draft_vocab: the N={n} run failed (exit {p.returncode})")
         r = json.loads(p.stdout.strip().splitlines()[-1])
-        bf16 = r.pop("bf16_autocast")
+        bf16, lse = r.pop("bf16_autocast"), r.pop("target_lse")
         out.update(r["sizes"])
-    return {"bf16_autocast": bf16, "sizes": out}
+    return {"bf16_autocast": bf16, "target_lse": lse, "sizes": out}
 
 
 def measure_sizes(args) -> dict:
@@ -78,6 +97,12 @@ def measure_sizes(args) -> dict:
     samples = [src[i] for i in train_idx[: args.seqs]]
     anchors = [sample_anchors(s["loss_mask"], args.anchors, seed=k) for k, s in enumerate(samples)]
     batch = collate(samples, anchors)
+    # a format-2 cache stores the target's log-normaliser; for an older cache compute it here, as the
+    # build would (--without-lse: the loss recomputes the full-V softmax each step, the pre-column path)
+    if args.without_lse:
+        batch.pop("target_lse", None)
+    elif "target_lse" not in batch:
+        batch["target_lse"] = target.log_normalizer(batch["last_hidden"]) * batch["attention_mask"]
     bf16 = use_bf16(None, torch.device("cpu"))
     ac = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
     prompts = [s["input_ids"][: int(np.argmax(s["loss_mask"].numpy()))] for s in samples]
@@ -87,14 +112,15 @@ def measure_sizes(args) -> dict:
         ids = select_top(counts, N or V, always=target.eos_token_ids)
         torch.manual_seed(0)
         base_rss = _rss_mb()
+        _reset_peak_rss()
         d = build_drafter(target, dataclasses.replace(cfg.draft, vocab_size=N))
         if N:
             d.set_draft_vocab(ids)
         opt = build_adamw(trainable_named_parameters(d), cfg.train)
         d.train()
-        times = []
+        times, cpu_times = [], []
         for k in range(args.warmup + args.steps):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             with ac():
                 loss = d(batch)["loss"]
             loss.backward()
@@ -102,7 +128,8 @@ def measure_sizes(args) -> dict:
             opt.zero_grad(set_to_none=True)
             if k >= args.warmup:
                 times.append(time.perf_counter() - t0)
-        peak_growth = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - base_rss
+                cpu_times.append(time.process_time() - c0)
+        peak_growth = _peak_rss_mb() - base_rss
         d.eval()
         warp = make_warp(0.0)
         draft_ms = []
@@ -119,26 +146,31 @@ def measure_sizes(args) -> dict:
         label = "full" if N is None else str(N)
         out[label] = {"draft_vocab_size": N or V, "coverage": coverage(counts, ids),
                       "train_step_s": statistics.median(times), "train_step_s_min": min(times),
+                      # CPU time of this process per step: with --threads 1 robust to other load
+                      "train_step_cpu_s": statistics.median(cpu_times),
                       "positions_per_s": float(batch["anchors"].ge(0).sum()) * cfg.draft.gamma / statistics.median(times),
                       # peak RSS of this process above its RSS just before the drafter was built
                       "rss_growth_mb": peak_growth, "draft_pass_ms": statistics.median(draft_ms),
                       "trainable_params": sum(p.numel() for p in d.parameters() if p.requires_grad)}
-        print(f"N={label}: coverage {out[label]['coverage']:.4f}, step {out[label]['train_step_s']:.3f}s, "
+        print(f"N={label}: coverage {out[label]['coverage']:.4f}, step {out[label]['train_step_s']:.3f}s "
+              f"(cpu {out[label]['train_step_cpu_s']:.3f}s), "
               f"draft pass {out[label]['draft_pass_ms']:.1f} ms, peak RSS +{peak_growth:.0f} MB", file=sys.stderr,
               flush=True)
         del d, opt
-    return {"bf16_autocast": bf16, "sizes": out}
+    return {"bf16_autocast": bf16, "target_lse": not args.without_lse, "sizes": out}
 
 
 def markdown(rec) -> str:
     rows = rec["sizes"]
     full = rows.get("full")
-    lines = ["| N | coverage (train split) | train step s | × vs full | draft pass ms/round | × vs full | peak RSS growth MB | "
-             "held-out E[τ] |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    cpu = all("train_step_cpu_s" in r for r in rows.values())
+    key = "train_step_cpu_s" if cpu else "train_step_s"
+    lines = [f"| N | coverage (train split) | train step {'CPU ' if cpu else ''}s | × vs full | draft pass ms/round | "
+             "× vs full | peak RSS growth MB | held-out E[τ] |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for label, r in rows.items():
         tau = (rec.get("heldout") or {}).get(label)
-        lines.append(f"| {label} | {r['coverage']:.4f} | {r['train_step_s']:.3f} | "
-                     f"{full['train_step_s'] / r['train_step_s']:.2f} | {r['draft_pass_ms']:.1f} | "
+        lines.append(f"| {label} | {r['coverage']:.4f} | {r[key]:.3f} | "
+                     f"{full[key] / r[key]:.2f} | {r['draft_pass_ms']:.1f} | "
                      f"{full['draft_pass_ms'] / r['draft_pass_ms']:.2f} | {r['rss_growth_mb']:.0f} | "
                      f"{'—' if tau is None else f'{tau:.3f}'} |")
     return "\n".join(lines)
@@ -156,6 +188,8 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--rounds", type=int, default=5, help="timed draft passes per prompt")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--without-lse", action="store_true",
+                   help="no stored target log-normaliser: the loss takes the full-V softmax of the target")
     p.add_argument("--curve", default=None, help="learning_curve record with draft.vocab_size variants")
     p.add_argument("--out", default=str(record_path("draft_vocab")))
     p.add_argument("--size-worker", type=int, default=None, help=argparse.SUPPRESS)
