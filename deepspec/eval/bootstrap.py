@@ -27,7 +27,7 @@ import numpy as np
 from .benchmarks import domain_of
 
 __all__ = ["LEVEL", "RequestTotals", "request_totals", "resample_indices", "ratio_draws", "percentile_interval",
-           "benchmark_draws", "benchmark_interval", "bootstrap_intervals"]
+           "benchmark_rng", "benchmark_draws", "macro_draws", "benchmark_interval", "bootstrap_intervals"]
 
 LEVEL = 0.95
 _CHUNK = 1 << 22          # index entries per block of resamples (bounds memory for large benchmarks)
@@ -93,7 +93,9 @@ def percentile_interval(draws: np.ndarray, level: float = LEVEL) -> Optional[Lis
     return [float(lo), float(hi)]
 
 
-def _rng(seed: int, key: str) -> np.random.Generator:
+def benchmark_rng(seed: int, key: str) -> np.random.Generator:
+    """The generator of one benchmark's resamples, seeded from (seed, key): the same draws whatever else
+    is resampled (a paired comparison of two evals draws its indices from it too)."""
     return np.random.default_rng([int(seed) & 0xFFFFFFFF, zlib.crc32(key.encode())])
 
 
@@ -113,7 +115,7 @@ def benchmark_draws(t: RequestTotals, resamples: int, rng: np.random.Generator) 
     return {k: np.concatenate(v) if v else np.empty(0) for k, v in out.items()}
 
 
-def _macro(draws: Sequence[np.ndarray]) -> np.ndarray:
+def macro_draws(draws: Sequence[np.ndarray]) -> np.ndarray:
     """Per-resample mean over benchmarks, ignoring a benchmark without a value (as `metrics.nanmean`)."""
     m = np.stack(draws)
     cnt = np.isfinite(m).sum(axis=0)
@@ -134,7 +136,7 @@ def benchmark_interval(t: RequestTotals, resamples: int, seed: int = 0, key: str
     (seed, key)); an empty dict when ``resamples`` is 0 or there is no request."""
     if resamples <= 0 or t.n == 0:
         return {}
-    return _entry(benchmark_draws(t, int(resamples), _rng(seed, key)), t.n, level)
+    return _entry(benchmark_draws(t, int(resamples), benchmark_rng(seed, key)), t.n, level)
 
 
 def bootstrap_intervals(per_benchmark: Mapping[str, RequestTotals], resamples: int, seed: int = 0,
@@ -147,13 +149,13 @@ def bootstrap_intervals(per_benchmark: Mapping[str, RequestTotals], resamples: i
     benches = {b: t for b, t in per_benchmark.items() if t.n > 0}
     if resamples <= 0 or not benches:
         return {}
-    draws = {b: benchmark_draws(t, int(resamples), _rng(seed, b)) for b, t in benches.items()}
+    draws = {b: benchmark_draws(t, int(resamples), benchmark_rng(seed, b)) for b, t in benches.items()}
     out: Dict[str, Any] = {"benchmarks": {b: _entry(draws[b], benches[b].n, level) for b in benches},
                            "domains": {}, "overall": {}}
 
     def group(names: Sequence[str]) -> Dict[str, Any]:
         keys = [k for k in ("tau", "speedup") if any(k in draws[b] for b in names)]
-        macro = {k: _macro([draws[b][k] if k in draws[b] else np.full(int(resamples), np.nan) for b in names])
+        macro = {k: macro_draws([draws[b][k] if k in draws[b] else np.full(int(resamples), np.nan) for b in names])
                  for k in keys}
         return _entry(macro, sum(benches[b].n for b in names), level)
 
