@@ -1,0 +1,281 @@
+"""Benchmark (not a test): trained drafters evaluated side by side with `deepspec eval`, and paired τ ratios.
+
+    OMP_NUM_THREADS=1 .venv/bin/python bench/eval_drafters.py --curve bench/results/learning_curve-diag.json \
+        bench/results/learning_curve-diag2.json --only dspark eagle3 dflash --jobs 2 \
+        --ratio dspark/eagle3 dspark/dflash --label diag
+
+Drafters come from `bench/learning_curve.py` records (``--curve``: every variant's ``run_dir``) and/or
+``--run LABEL=RUN_DIR``.  Each is evaluated at the final (newest complete) checkpoint of its run
+directory (``RUN_DIR/checkpoints/step_N``, what `deepspec.train.loop.run` returns; a checkpoint directory
+given instead is taken as it is) with the run's own resolved config (``RUN_DIR/run.yaml``, else the
+checkpoint's copy: same target, draft and γ) plus the eval
+settings here, by the project's evaluator (`deepspec.eval.runner.run`) in its own subprocess
+(``--threads`` torch/OpenMP threads, default 1; up to ``--jobs`` at once).  Outputs go to
+``--work/eval/LABEL``; the evaluator reuses a directory whose results.json was written for the same
+config, checkpoint files and prompts, so a killed run re-run with the same command only decodes the
+evals that had not finished (``--rerun`` decodes every one again).
+
+Collected per drafter (from each results.json): τ (acceptance length, bonus token included) per
+benchmark with its 95% bootstrap interval over requests, the macro τ (mean over benchmarks) and its
+stratified interval, conditional acceptance by position, the speedup over plain decoding (pooled, and
+the macro with its interval) and the per-round split (draft / verify / overhead ms) next to plain
+decoding's ms per token measured in the same run.
+
+``--ratio A/B``: macro τ of A ÷ macro τ of B with a 95% **paired** bootstrap interval.  Both evals
+decode the same prompts, so each resample draws one set of request indices per benchmark (stratified
+by benchmark, seeded from (``--seed``, benchmark) as the evaluator's own intervals are) and applies it
+to A's and B's per-request totals (samples.jsonl) alike; the ratio of the two macro means is taken per
+resample.  Under greedy decoding both evals decode the target's own greedy text, so the requests (turns
+of mt-bench included) are the same; sampled evals are paired by prompt only.
+
+Writes `bench/results/eval_drafters.{json,md}` (``--label L``: `eval_drafters-L.{json,md}`); the numbers
+and tables are `bench/eval_tables.py`'s.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Dict, List, Sequence, Tuple
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.eval_tables import eval_summary, fmt_ci, markdown, paired_ratio, read_jsonl, request_table  # noqa: E402
+from bench.records import record_path  # noqa: E402
+from bench.reference import DOMAIN_BENCHES  # noqa: E402
+from deepspec.train.checkpoint import is_complete, latest_checkpoint  # noqa: E402
+
+LABEL_RE = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+# -- which drafters, which checkpoints ------------------------------------------------------------------
+
+def resolve_path(path: str, bases: Sequence[Path]) -> Path:
+    """``path`` itself when absolute, else the first of ``base / path`` that exists (else the first)."""
+    p = Path(path)
+    if p.is_absolute():
+        return p
+    for b in bases:
+        if (Path(b) / p).exists():
+            return Path(b) / p
+    return Path(bases[0]) / p
+
+
+def final_checkpoint(run_dir: Path) -> Tuple[Path, int]:
+    """(checkpoint directory, its step) of a run: the newest complete ``run_dir/checkpoints/step_N``; a
+    complete checkpoint directory given instead of a run directory is itself."""
+    run_dir = Path(run_dir)
+    ck = run_dir if is_complete(run_dir) else latest_checkpoint(run_dir / "checkpoints")
+    if ck is None:
+        raise SystemExit(f"{run_dir}: no complete checkpoint (checkpoints/step_N with training_state/meta.json)")
+    return ck, int(json.loads((ck / "training_state" / "meta.json").read_text())["step"])
+
+
+def run_config(run_dir: Path, checkpoint: Path) -> Path:
+    """The resolved training config: ``run_dir/run.yaml``, else the copy saved in the checkpoint."""
+    for p in (Path(run_dir) / "run.yaml", Path(checkpoint) / "run.yaml"):
+        if p.is_file():
+            return p
+    raise SystemExit(f"{run_dir}: no run.yaml (the trainer writes one into the run directory and each checkpoint)")
+
+
+def curve_drafters(curve: Path) -> Dict[str, Dict[str, Any]]:
+    """``{label: {drafter, overrides, run_dir, curve}}`` of a `bench/learning_curve.py` record; relative run
+    directories are found from the working directory or the checkout the record sits in."""
+    curve = Path(curve)
+    record = json.loads(curve.read_text())
+    bases = [Path.cwd(), curve.resolve().parents[2], REPO]
+    return {label: {"drafter": d.get("drafter"), "overrides": d.get("overrides", []), "curve": str(curve),
+                    "run_dir": resolve_path(d["run_dir"], bases)} for label, d in record["drafters"].items()}
+
+
+def select_drafters(curves: Sequence[str], runs: Sequence[str], only: Sequence[str]) -> Dict[str, Dict[str, Any]]:
+    """Every drafter to evaluate, by label: those of the ``--curve`` records, then the ``--run`` entries."""
+    out: Dict[str, Dict[str, Any]] = {}
+
+    def add(label, entry):
+        if not LABEL_RE.fullmatch(label):
+            raise SystemExit(f"drafter label {label!r}: use letters, digits, '_', '.', '-'")
+        if label in out:
+            raise SystemExit(f"drafter label {label!r} given twice (in {out[label].get('curve') or '--run'} and "
+                             f"{entry.get('curve') or '--run'}); pick with --only or pass --run NEW=RUN_DIR")
+        out[label] = entry
+    for c in curves:
+        for label, e in curve_drafters(Path(c)).items():
+            if not only or label in only:
+                add(label, e)
+    for spec in runs:
+        label, sep, path = spec.partition("=")
+        if not sep or not path:
+            raise SystemExit(f"--run {spec!r}: expected LABEL=RUN_DIR")
+        add(label, {"drafter": None, "overrides": [], "curve": None, "run_dir": resolve_path(path, [Path.cwd()])})
+    missing = [x for x in only if x not in out]
+    if missing:
+        raise SystemExit(f"--only {missing}: not among the drafters {sorted(out)}")
+    if not out:
+        raise SystemExit("no drafters: pass --curve RECORD and/or --run LABEL=RUN_DIR")
+    return out
+
+
+def eval_config(run_yaml: Path, checkpoint: Path, out_dir: Path, overrides: Sequence[str]):
+    """The training run's resolved config with ``eval.checkpoint``, ``eval.out_dir`` and the overrides."""
+    from omegaconf import OmegaConf
+    from deepspec.config import config_from_yaml, to_object
+    cfg = config_from_yaml(run_yaml)
+    dots = [f"eval.checkpoint={checkpoint}", f"eval.out_dir={out_dir}", "eval.progress=false", *overrides]
+    return to_object(OmegaConf.merge(OmegaConf.structured(cfg), OmegaConf.from_dotlist(dots)))
+
+
+# -- the evals, each in its own process ---------------------------------------------------------------
+
+def worker(config_yaml: str, threads: int) -> int:
+    """Subprocess body: one `deepspec eval` of a saved config."""
+    import logging
+    import torch
+    from deepspec.config import config_from_yaml
+    from deepspec.eval.runner import run
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    torch.set_num_threads(threads)
+    run(config_from_yaml(config_yaml))
+    return 0
+
+
+def run_eval(job: Dict[str, Any], threads: int) -> Dict[str, Any]:
+    """Run one eval subprocess; ({reused, eval_s, returncode, load_avg_after})."""
+    out = Path(job["eval_dir"])
+    res = out / "results.json"
+    before = res.stat().st_mtime_ns if res.is_file() else None
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
+           "TOKENIZERS_PARALLELISM": "false"}
+    t = time.perf_counter()
+    with open(out / "eval_drafters.log", "a") as log:
+        log.write(f"\n== {dt.datetime.now().isoformat(timespec='seconds')} {job['label']}\n")
+        log.flush()
+        rc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker", job["config"],
+                             "--threads", str(threads)], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+    after = res.stat().st_mtime_ns if res.is_file() else None
+    return {"returncode": rc, "eval_s": time.perf_counter() - t, "reused": rc == 0 and before is not None
+            and before == after, "load_avg_after": os.getloadavg()}
+
+
+# -- the command ----------------------------------------------------------------------------------------
+
+def parse_ratios(specs: Sequence[str], labels: Sequence[str]) -> List[Tuple[str, str]]:
+    out = []
+    for spec in specs:
+        a, sep, b = spec.partition("/")
+        if not sep or a not in labels or b not in labels or a == b:
+            raise SystemExit(f"--ratio {spec!r}: expected A/B with two different drafters among {sorted(labels)}")
+        out.append((a, b))
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--curve", nargs="+", action="extend", default=[], metavar="RECORD",
+                   help="bench/learning_curve.py records whose drafters (run_dir) are evaluated")
+    p.add_argument("--run", nargs="+", action="extend", default=[], metavar="LABEL=RUN_DIR",
+                   help="more drafters: a training run directory (or one of its checkpoints)")
+    p.add_argument("--only", nargs="+", default=[], metavar="LABEL", help="evaluate only these labels of the records")
+    p.add_argument("--ratio", nargs="+", default=[], metavar="A/B", help="paired macro-τ ratios to report")
+    p.add_argument("--benchmarks", nargs="+", default=DOMAIN_BENCHES)
+    p.add_argument("--max-samples", type=int, default=20, help="prompts per benchmark")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (requests paired exactly)")
+    p.add_argument("--multi-turn", action=argparse.BooleanOptionalAction, default=True,
+                   help="every turn of mt-bench (default) or the first only")
+    p.add_argument("--data-dir", default=str(REPO.parent / "shared" / "eval_datasets"))
+    p.add_argument("--extra", nargs="*", default=[], metavar="KEY=VALUE", help="more config overrides (eval.gamma=4)")
+    p.add_argument("--jobs", type=int, default=1, help="evals at once, each its own process")
+    p.add_argument("--threads", type=int, default=1, help="torch / OpenMP threads per eval")
+    p.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples (the evals' and the ratios')")
+    p.add_argument("--seed", type=int, default=0, help="eval.seed and the ratios' bootstrap seed")
+    p.add_argument("--rerun", action="store_true", help="decode again even where a finished eval matches")
+    p.add_argument("--work", default=None, help="evals go to WORK/eval/LABEL (default bench/work/eval_drafters[-LABEL])")
+    p.add_argument("--label", default=None, help="record as bench/results/eval_drafters-LABEL.{json,md}")
+    p.add_argument("--out", default=None, help="record path (default: bench/results/eval_drafters[-LABEL].json)")
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.worker:
+        return worker(args.worker, args.threads)
+    out = Path(args.out) if args.out else record_path("eval_drafters", args.label)
+    work = Path(args.work or REPO / "bench" / "work" / f"eval_drafters{'-' + args.label if args.label else ''}")
+    drafters = select_drafters(args.curve, args.run, args.only)
+    pairs = parse_ratios(args.ratio, list(drafters))
+    settings = {"benchmarks": list(args.benchmarks), "max_samples": args.max_samples,
+                "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "multi_turn": args.multi_turn,
+                "data_dir": str(Path(args.data_dir).resolve()), "bootstrap_resamples": args.resamples,
+                "seed": args.seed, "extra": list(args.extra)}
+    overrides = [f"eval.benchmarks=[{','.join(args.benchmarks)}]", f"eval.max_samples={args.max_samples}",
+                 f"eval.max_new_tokens={args.max_new_tokens}", f"eval.temperature={args.temperature}",
+                 f"eval.multi_turn={str(args.multi_turn).lower()}", f"eval.data_dir={settings['data_dir']}",
+                 f"eval.bootstrap_resamples={args.resamples}", f"eval.seed={args.seed}",
+                 f"eval.rerun={str(args.rerun).lower()}", *args.extra]
+    from deepspec.config import to_yaml
+    import torch
+    jobs = []
+    for label, d in drafters.items():
+        ck, step = final_checkpoint(d["run_dir"])
+        eval_out = (work / "eval" / label).resolve()
+        cfg = eval_config(run_config(d["run_dir"], ck), ck.resolve(), eval_out, overrides)
+        eval_out.mkdir(parents=True, exist_ok=True)
+        (eval_out / "eval_drafters.yaml").write_text(to_yaml(cfg))
+        d.update(run_dir=str(d["run_dir"]), checkpoint=str(ck), checkpoint_step=step,
+                 train_max_steps=cfg.train.max_steps, algorithm=cfg.draft.algorithm, eval_dir=str(eval_out))
+        if step < cfg.train.max_steps:
+            print(f"{label}: newest checkpoint is step {step} of {cfg.train.max_steps} (training not finished)")
+        jobs.append({"label": label, "eval_dir": str(eval_out), "config": str(eval_out / "eval_drafters.yaml")})
+    record = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "label": args.label,
+              "command": " ".join([sys.executable, *sys.argv]), "args": vars(args), "eval_settings": settings,
+              "jobs": args.jobs, "threads": args.threads,
+              "machine": {"platform": platform.platform(), "processor": platform.processor(),
+                          "python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count(),
+                          "loadavg_start": os.getloadavg()},
+              "drafters": drafters, "ratios": {}}
+
+    def one(job):
+        r = run_eval(job, args.threads)
+        d = drafters[job["label"]]
+        d.update({k: v for k, v in r.items() if k != "returncode"})
+        res = Path(job["eval_dir"]) / "results.json"
+        if r["returncode"] != 0 or not res.is_file():
+            d["error"] = f"eval exited with {r['returncode']}; see {Path(job['eval_dir']) / 'eval_drafters.log'}"
+        else:
+            d["result"] = eval_summary(json.loads(res.read_text()))
+        m = (d.get("result") or {}).get("macro") or {}
+        print(f"{job['label']}: {'reused' if r['reused'] else 'evaluated'} in {r['eval_s']:.0f} s, macro τ "
+              f"{fmt_ci(m.get('tau'), m.get('tau_ci95'), 3)}" if "result" in d else f"{job['label']}: {d['error']}",
+              flush=True)
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        list(pool.map(one, jobs))
+    record["machine"]["loadavg_end"] = os.getloadavg()
+    for a, b in pairs:
+        key = f"{a}/{b}"
+        if not (drafters[a].get("result") and drafters[b].get("result")):
+            record["ratios"][key] = {"error": "an eval failed"}
+            continue
+        ta, tb = (request_table(read_jsonl(Path(drafters[x]["eval_dir"]) / "samples.jsonl")) for x in (a, b))
+        try:
+            record["ratios"][key] = paired_ratio(ta, tb, args.resamples, args.seed)
+        except ValueError as e:
+            record["ratios"][key] = {"error": str(e)}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=2, default=str) + "\n")
+    md = markdown(record)
+    out.with_suffix(".md").write_text(md)
+    print(md)
+    print(f"wrote {out} and its .md")
+    return 0 if all(d.get("result") for d in drafters.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
