@@ -1,0 +1,1 @@
+"""Maintenance scripts (`python tools/NAME.py`); a package so their tests can import them."""

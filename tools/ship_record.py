@@ -1,0 +1,259 @@
+"""What `tools/ship_draft.py` writes beside a shipped draft's weights: ``provenance.json`` (every
+number read from the training run, its data, the checkout and an optional `deepspec eval` result)
+and the ``README.md`` model card rendered from that record only (no number that was not measured)."""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import os
+import platform
+import re
+import subprocess
+import textwrap
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+CURVE_KEYS = ("eval/expected_tau", "eval/accept_rate/1")
+ALGO_NAMES = {"dspark": "DSpark", "dflash": "DFlash", "eagle3": "EAGLE-3"}
+_BANNER = re.compile(r"strategy (\S+) × (\d+) on (\w+)")
+
+
+class ShipError(Exception):
+    """A draft that cannot be shipped as asked; the message names the file or directory at fault."""
+
+
+def display(path: Path) -> str:
+    """``path`` relative to the checkout when inside it (how the run directories are named in the repo)."""
+    p = Path(path).resolve()
+    try:
+        return str(p.relative_to(REPO))
+    except ValueError:
+        return str(p)
+
+
+def resolve(path: str) -> Path:
+    """A path from a run's config: absolute, else relative to the working directory or the checkout."""
+    p = Path(path)
+    if p.is_absolute():
+        return p
+    for base in (Path.cwd(), REPO):
+        if (base / p).exists():
+            return base / p
+    return Path.cwd() / p
+
+
+def finite(x: Any) -> Any:
+    """JSON-safe: non-finite floats (a speed-up without a baseline) become null."""
+    return None if isinstance(x, float) and not math.isfinite(x) else x
+
+
+def git_commit() -> Optional[str]:
+    r = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True)
+    return r.stdout.strip() if r.returncode == 0 else None
+
+
+# -- the run -------------------------------------------------------------------------------------
+def heldout_rows(run_dir: Path, upto_step: int) -> List[Dict[str, Any]]:
+    """The held-out eval rows (``step`` + ``eval/*``) of ``run_dir/metrics.jsonl`` up to ``upto_step``,
+    one per step (a resumed run's later row wins), oldest first."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    rows: Dict[int, Dict[str, Any]] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:   # a line being written when the run was killed
+            continue
+        ev = {k: finite(v) for k, v in rec.items() if k.startswith("eval/")}
+        if ev and isinstance(rec.get("step"), int) and rec["step"] <= upto_step:
+            rows[rec["step"]] = {"step": rec["step"], **ev}
+    return [rows[s] for s in sorted(rows)]
+
+
+def trained_on(run_dir: Path, meta: Mapping[str, Any]) -> str:
+    """Where the run trained: the device of the last banner in ``train.log`` (none without it) and the
+    checkpoint's strategy × world size."""
+    log = Path(run_dir) / "train.log"
+    found = _BANNER.findall(log.read_text(encoding="utf-8", errors="replace")) if log.is_file() else []
+    device = found[-1][2] if found else "an unrecorded device"
+    return f"{device} (strategy {meta.get('strategy')} × {meta.get('world_size')})"
+
+
+def data_stats(cfg, run_dir: Path, target) -> Dict[str, Any]:
+    """Sequences, tokens and answer tokens the run drew from (the cache manifest, or the regenerated
+    conversations encoded as online training encodes them), plus where they are."""
+    from deepspec.cache import CacheReader
+    from deepspec.train.data import OnlineSequences
+    if cfg.data.online:
+        path = resolve(cfg.data.regen_path) if cfg.data.regen_path else Path(run_dir) / "regen" / "regen.jsonl"
+        seqs = OnlineSequences.from_jsonl(path, target, cfg.data.max_length)
+        return {"path": path, "kind": "online data", "conversations": len(seqs), "tokens": sum(seqs.lengths()),
+                "answer_tokens": int(sum(sum(m) for _, m in seqs.samples)), "regen_sha256": None}
+    path = resolve(cfg.cache.dir) if cfg.cache.dir else Path(run_dir) / "cache"
+    if not path.is_dir():
+        raise ShipError(f"{path}: the run's cache is not there (cache.dir in run.yaml); it gives the data numbers")
+    with CacheReader(path) as reader:
+        reader.validate(target)
+        st, source = reader.stats(), reader.manifest.get("source") or {}
+    return {"path": path, "kind": "cache", "conversations": st["samples"], "tokens": st["tokens"],
+            "answer_tokens": st["loss_tokens"], "regen_sha256": source.get("sha256")}
+
+
+def heldout_split(cfg, data: Mapping[str, Any], meta: Mapping[str, Any]) -> Tuple[str, int]:
+    """(how the held-out sequences were chosen, how many each eval scored); refuses data that changed since."""
+    from deepspec.train.data import split_heldout
+    tc = cfg.train
+    n = int(data["conversations"])
+    train, held = split_heldout(n, tc.heldout_fraction, cfg.data.split_seed)
+    want = meta.get("num_train_sequences")
+    if want is not None and int(want) != len(train):
+        raise ShipError(f"{data['path']}: {n} sequences split into {len(train)} train + {len(held)} held out, but "
+                        f"the checkpoint trained on {want}: the data changed since training")
+    text = (f"{tc.heldout_fraction * 100:g}% of the {data['kind']} (train.heldout_fraction={tc.heldout_fraction:g}, "
+            f"data.split_seed={cfg.data.split_seed}): {len(held)} sequences")
+    scored = len(held)
+    if tc.eval_max_sequences and len(held) > tc.eval_max_sequences:
+        scored = tc.eval_max_sequences
+        text += f", the first {scored} evaluated (train.eval_max_sequences)"
+    return text, scored
+
+
+# -- the eval check ------------------------------------------------------------------------------
+def _same(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]) for k in a)
+
+
+def eval_check(results: Path, checkpoint: Path, raw: Mapping[str, torch.Tensor],
+               shipped: Mapping[str, torch.Tensor], fingerprint: Mapping[str, str]) -> Dict[str, Any]:
+    """The greedy τ, prompts and losslessness of a `deepspec eval` results.json, after checking that the
+    eval decoded this draft: its drafter's weights file equals the checkpoint's or the bf16 cast."""
+    from safetensors.torch import load_file
+    results = Path(results)
+    try:
+        res = json.loads(results.read_text(encoding="utf-8"))
+        setup, overall, drafter = res["setup"], res["overall"], res["drafter"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ShipError(f"{results}: not the results.json of a `deepspec eval` run ({type(e).__name__}: {e})") from None
+    if not (setup.get("warp") or {}).get("greedy"):
+        raise ShipError(f"{results}: not a greedy eval ({setup.get('warp')}); the eval check records greedy τ and "
+                        "losslessness: run `deepspec eval` with eval.temperature=0")
+    gc = res.get("greedy_check")
+    if not gc:
+        raise ShipError(f"{results}: no greedy check (the eval ran with eval.measure_baseline=false)")
+    target = res.get("target") or {}
+    diff = sorted(k for k in fingerprint if target.get(k) != fingerprint[k])
+    if diff:
+        raise ShipError(f"{results}: evaluated with another target than the draft's ({', '.join(diff)} differ)")
+    src = resolve(str(drafter.get("source")))
+    weights = src / "model.safetensors"
+    if not weights.is_file():
+        raise ShipError(f"{results}: its drafter {drafter.get('source')!r} has no model.safetensors here, so it "
+                        "cannot be matched with the checkpoint being shipped")
+    saved = load_file(str(weights))
+    if _same(saved, raw):
+        evaluated = f"checkpoint {checkpoint.name} in float32, before the bf16 cast"
+    elif _same(saved, shipped):
+        evaluated = "these bfloat16 weights"
+    else:
+        raise ShipError(f"{results}: evaluated {display(src)}, whose weights are not those of {display(checkpoint)}")
+    return {"source": display(results), "evaluated": evaluated, "benchmarks": list(overall.get("benchmarks") or []),
+            "prompts": overall.get("requests"), "max_new_tokens": setup.get("max_new_tokens"),
+            "greedy_identical_to_target": f"{gc['matched']}/{gc['compared']}",
+            "tau_greedy": finite(overall.get("tau")), "tau_greedy_pooled": finite((res.get("pooled") or {}).get("tau")),
+            "speedup": finite((res.get("speed") or {}).get("speedup")), "device": setup.get("device")}
+
+
+# -- provenance.json -----------------------------------------------------------------------------
+def provenance(*, name: str, target_note: str, command: str, ship_command: str, run_dir: Path, checkpoint: Path,
+               meta: Mapping[str, Any], draft_config: Mapping[str, Any], data: Mapping[str, Any], data_note: str,
+               preparation: Sequence[str], heldout: Sequence[Mapping[str, Any]], split: str, trained: str,
+               check: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
+    """The record of a shipped draft (the keys of the first, hand-made one, plus ``ship_command`` and
+    ``data.regen_sha256``).  ``commit`` and ``machine`` are the checkout and machine that ran the tool;
+    ``machine.trained_on`` is where the run trained (its train.log and checkpoint)."""
+    d = {"source": data_note, "conversations": data["conversations"], "tokens": data["tokens"],
+         "answer_tokens": data["answer_tokens"], "preparation": list(preparation)}
+    if data.get("regen_sha256"):
+        d["regen_sha256"] = data["regen_sha256"]
+    return {
+        "name": name, "target": target_note, "shipped": dt.datetime.now(dt.timezone.utc).date().isoformat(),
+        "commit": git_commit(), "command": command, "ship_command": ship_command, "run_dir": display(run_dir),
+        "checkpoint": checkpoint.name, "steps": int(meta["step"]), "config": dict(draft_config), "data": d,
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__,
+                    "trained_on": trained},
+        "weights_dtype": "bfloat16",
+        "heldout": dict(heldout[-1]) if heldout else None,
+        "heldout_curve": [{k: r[k] for k in ("step", *CURVE_KEYS) if k in r} for r in heldout],
+        "heldout_split": split,
+        "eval_check": dict(check) if check else None,
+    }
+
+
+# -- README.md -----------------------------------------------------------------------------------
+def describe_draft(c: Mapping[str, Any]) -> str:
+    """"DSpark draft (parallel drafter + Markov head rank 64 + confidence head, 1 layer, γ 7, …)"."""
+    algo = c.get("algorithm")
+    if algo == "eagle3":
+        parts = [f"autoregressive drafter, {c.get('eagle3_layout')} layout"]
+    else:
+        arch = "parallel drafter"
+        if c.get("sequential_head") not in (None, "none"):
+            arch += f" + {str(c['sequential_head']).capitalize()} head rank {c.get('head_rank')}"
+        parts = [arch + (" + confidence head" if c.get("confidence_head") else "")]
+    n = int(c.get("num_layers") or 0)
+    parts += [f"{n} layer{'s' if n != 1 else ''}", f"γ {c.get('gamma')}"]
+    parts.append(f"draft vocabulary of {int(c['vocab_size']):,} tokens" if c.get("vocab_size")
+                 else "full target vocabulary")
+    return f"{ALGO_NAMES.get(algo, algo)} draft ({', '.join(parts)})"
+
+
+def _mb(n: int) -> str:
+    mb = n / 2 ** 20
+    return f"{mb:.0f} MB" if mb >= 10 else f"{mb:.1f} MB" if mb >= 0.1 else f"{n / 1024:.0f} KB"
+
+
+def _wrap(text: str, bullet: bool = False) -> str:
+    return textwrap.fill(text, width=100, initial_indent="- " if bullet else "",
+                         subsequent_indent="  " if bullet else "", break_long_words=False, break_on_hyphens=False)
+
+
+def model_card(prov: Mapping[str, Any], *, train_cfg, weights_bytes: int, heldout_sequences: int, load_hint: str,
+               notes: Sequence[str] = ()) -> str:
+    """The README.md of a shipped draft, from its provenance record (and the run's batch shape)."""
+    d, cfg = prov["data"], prov["config"]
+    intro = (f"A {describe_draft(cfg)} for {prov['target']}, trained by deepspec on {prov['machine']['trained_on']}: "
+             f"{prov['steps']} steps × {train_cfg.global_batch_sequences} sequences × "
+             f"{train_cfg.anchors_per_sequence} anchors on {d['conversations']:,} conversations ({d['tokens']:,} "
+             f"tokens, {d['answer_tokens']:,} answer tokens; {d['source']}). See `provenance.json` for the commands, "
+             f"commit, data and held-out curve. Weights are bfloat16, {_mb(weights_bytes)}.")
+    bullets = []
+    h = prov.get("heldout")
+    if h and h.get("eval/expected_tau") is not None:
+        a1 = h.get("eval/accept_rate/1")
+        bullets.append(f"held-out teacher-forced E[τ] {h['eval/expected_tau']:.3f}"
+                       + (f" (position-1 acceptance {a1:.2f})" if a1 is not None else "")
+                       + (f" at step {h['step']}" if h["step"] != prov["steps"] else "")
+                       + f" on {heldout_sequences:,} held-out sequences;")
+    else:
+        bullets.append("no held-out evaluation was logged by the run;")
+    e = prov.get("eval_check")
+    if e:
+        tau = f"greedy τ {e['tau_greedy']:.2f}" if e.get("tau_greedy") is not None else "greedy decoding"
+        n = e["prompts"]
+        speed = f"; speed-up over plain decoding there {e['speedup']:.2f}×" if e.get("speedup") else ""
+        bullets.append(f"{tau} on {n} prompt{'s' if n != 1 else ''} ({', '.join(e['benchmarks'])}; at most "
+                       f"{e['max_new_tokens']} new tokens), output identical to the target's on "
+                       f"{e['greedy_identical_to_target']}: `deepspec eval` on {e['device']} with {e['evaluated']}"
+                       f"{speed};")
+    else:
+        bullets.append("no decoding check recorded (`tools/ship_draft.py --eval-check` records one);")
+    bullets += list(notes)
+    outro = (f"Load it with {load_hint}. Shipped with `tools/ship_draft.py` (the exact command is `ship_command` "
+             "in `provenance.json`); run it again on a newer run to replace this draft.")
+    return "\n".join([f"# {prov['name']}", "", _wrap(intro), "", *(_wrap(b, True) for b in bullets), "",
+                      _wrap(outro), ""])
