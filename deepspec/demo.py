@@ -16,14 +16,11 @@ import logging
 import time
 from pathlib import Path
 
-import torch
-
 from .config import DeepSpecConfig, save_config
 from .eval.runner import run as run_eval
 from .paths import cache_dir, eval_dir, regen_path, run_dir, shipped_draft_dir
 from .prepare import build_cache, regenerate
 from .train.loop import run as run_train
-from .train.precision import cpu_has_native_bf16
 
 log = logging.getLogger(__name__)
 
@@ -62,20 +59,6 @@ def side_by_side(named: dict) -> str:
     return "\n".join(rows)
 
 
-def bf16_target_eval(cfg: DeepSpecConfig):
-    """The same eval with the target in bf16, when the target runs in fp32 on a CPU that computes bf16
-    natively (AMX / AVX512-BF16), else None.  There a verification of γ + 1 tokens costs about one plain
-    step (measured 1.16x on this project's Xeon, vs 2.1x in fp32), which is what speculative decoding
-    needs; decoding stays lossless with respect to the bf16 target it then runs."""
-    if cfg.target.device not in ("auto", "cpu") or cfg.target.dtype not in ("auto", "float32") \
-            or torch.cuda.is_available() or not cpu_has_native_bf16():
-        return None
-    out = copy.deepcopy(cfg)
-    out.target.dtype = "bfloat16"
-    out.eval.out_dir = str(Path(cfg.eval.out_dir).with_name(Path(cfg.eval.out_dir).name + "_bf16"))
-    return out
-
-
 def run(cfg: DeepSpecConfig) -> int:
     t0 = time.perf_counter()
     save_config(cfg, run_dir(cfg))
@@ -101,13 +84,7 @@ def run(cfg: DeepSpecConfig) -> int:
         run_eval(ship_cfg)
         ship = json.loads((Path(ship_cfg.eval.out_dir) / "results.json").read_text())
         print(tau_table(ship))
-        rows = {"trained just now": results, f"shipped ({shipped.name})": ship}
-        bf16_cfg = bf16_target_eval(ship_cfg)
-        if bf16_cfg is not None:
-            _banner("the shipped draft with the target in bf16 (this CPU computes bf16 natively)")
-            run_eval(bf16_cfg)
-            rows["shipped, target in bf16"] = json.loads((Path(bf16_cfg.eval.out_dir) / "results.json").read_text())
-        print("\n" + side_by_side(rows))
+        print("\n" + side_by_side({"trained just now": results, f"shipped ({shipped.name})": ship}))
     plots = sorted(p.name for p in (eval_dir(cfg) / "plots").glob("*.png")) if (eval_dir(cfg) / "plots").is_dir() else []
     print(f"\nreport: {eval_dir(cfg) / 'report.md'}\nplots:  {eval_dir(cfg) / 'plots'} ({', '.join(plots)})")
     print(f"checkpoint: {ckpt}\ndemo finished in {time.perf_counter() - t0:.0f} s")

@@ -46,11 +46,6 @@ def test_reduced_demo_end_to_end(tmp_path, reference_target_dir, eval_data_dir):
     assert "| shipped (smollm2-135m-dspark) |" in out and "| trained just now |" in out
     shipped = json.loads((report.parent.parent / "eval_shipped" / "results.json").read_text())
     assert shipped["greedy_check"]["matched"] == shipped["greedy_check"]["compared"]
-    from deepspec.train.precision import cpu_has_native_bf16
-    if cpu_has_native_bf16():   # and again with the target in bf16, lossless with respect to it
-        assert "| shipped, target in bf16 |" in out
-        bf16 = json.loads((report.parent.parent / "eval_shipped_bf16" / "results.json").read_text())
-        assert bf16["greedy_check"]["matched"] == bf16["greedy_check"]["compared"] >= 3
     assert (run_dir / "resolved_config.yaml").is_file() or list(run_dir.rglob("resolved_config.yaml"))
     ckpt_lines = [l for l in out.splitlines() if l.startswith("checkpoint:")]
     assert ckpt_lines and Path(ckpt_lines[0].split(":", 1)[1].strip()).exists()
