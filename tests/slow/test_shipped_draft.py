@@ -7,10 +7,11 @@ import torch
 
 pytestmark = pytest.mark.slow
 
-# Measured on the prompts below when the draft was shipped (2026-12-04): τ 1.24 (greedy, 48 tokens each;
-# 27 of 114 drafts accepted). The floor sits below that: it checks "a trained draft" (an untrained one
-# gives ~1.0), not a number that a different BLAS could move.
-TAU_FLOOR = 1.15
+# Measured on the prompts below when the draft was shipped (2026-12-04, second draft: 1,000 steps on 852
+# conversations): τ 1.38 (greedy, 48 tokens each; 39 drafts accepted in 102 rounds; the first draft gave
+# 1.24). The floor sits below that: it checks "a trained draft" (an untrained one gives ~1.0), not a
+# number that a different BLAS could move.
+TAU_FLOOR = 1.25
 
 
 @pytest.fixture(scope="module")
