@@ -28,6 +28,10 @@ to A's and B's per-request totals (samples.jsonl) alike; the ratio of the two ma
 resample.  Under greedy decoding both evals decode the target's own greedy text, so the requests (turns
 of mt-bench included) are the same; sampled evals are paired by prompt only.
 
+``--no-eval`` decodes nothing and combines evals that finished earlier under ``--work/eval/LABEL`` (for
+instance one invocation per drafter, started as each training run finished) into one record with the
+ratios; each eval keeps the settings it ran with (its results.json and eval_drafters.yaml say which).
+
 Writes `bench/results/eval_drafters.{json,md}` (``--label L``: `eval_drafters-L.{json,md}`); the numbers
 and tables are `bench/eval_tables.py`'s.
 """
@@ -202,6 +206,9 @@ def main(argv=None) -> int:
     p.add_argument("--rerun", action="store_true", help="decode again even where a finished eval matches")
     p.add_argument("--work", default=None, help="evals go to WORK/eval/LABEL (default bench/work/eval_drafters[-LABEL])")
     p.add_argument("--label", default=None, help="record as bench/results/eval_drafters-LABEL.{json,md}")
+    p.add_argument("--no-eval", action="store_true",
+                   help="decode nothing: combine the finished evals under --work/eval/LABEL (each with the settings "
+                        "it ran with, e.g. from separate invocations) into one record with the ratios")
     p.add_argument("--out", default=None, help="record path (default: bench/results/eval_drafters[-LABEL].json)")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -227,8 +234,9 @@ def main(argv=None) -> int:
         ck, step = final_checkpoint(d["run_dir"])
         eval_out = (work / "eval" / label).resolve()
         cfg = eval_config(run_config(d["run_dir"], ck), ck.resolve(), eval_out, overrides)
-        eval_out.mkdir(parents=True, exist_ok=True)
-        (eval_out / "eval_drafters.yaml").write_text(to_yaml(cfg))
+        if not args.no_eval:
+            eval_out.mkdir(parents=True, exist_ok=True)
+            (eval_out / "eval_drafters.yaml").write_text(to_yaml(cfg))
         d.update(run_dir=str(d["run_dir"]), checkpoint=str(ck), checkpoint_step=step,
                  train_max_steps=cfg.train.max_steps, algorithm=cfg.draft.algorithm, eval_dir=str(eval_out))
         if step < cfg.train.max_steps:
@@ -243,7 +251,11 @@ def main(argv=None) -> int:
               "drafters": drafters, "ratios": {}}
 
     def one(job):
-        r = run_eval(job, args.threads)
+        if args.no_eval:   # what an earlier invocation decoded, as it is
+            done = (Path(job["eval_dir"]) / "results.json").is_file()
+            r = {"returncode": 0 if done else 1, "reused": True, "eval_s": 0.0}
+        else:
+            r = run_eval(job, args.threads)
         d = drafters[job["label"]]
         d.update({k: v for k, v in r.items() if k != "returncode"})
         res = Path(job["eval_dir"]) / "results.json"

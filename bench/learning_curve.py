@@ -31,6 +31,8 @@ variant from its last checkpoint (metrics.jsonl keeps the rows up to it; later o
 variant whose final checkpoint exists is not started again (its curve is re-read).  The run directory
 is named by the variant's label (or drafter and depth) and ``--steps``: changing a variant's
 overrides under the same label resumes the old run, so give a changed variant a new label.
+``--no-train`` trains nothing and records every variant's curve as it stands (``finished`` false for a
+variant short of ``--steps``): a snapshot of a long job that another process is still running.
 """
 from __future__ import annotations
 
@@ -194,6 +196,8 @@ def main(argv=None) -> int:
     p.add_argument("--label", default=None,
                    help="a separate experiment: bench/results/learning_curve-LABEL.{json,md,png}, runs under "
                         "<work>/curve/LABEL")
+    p.add_argument("--no-train", action="store_true",
+                   help="only record the curves as they stand (an unfinished variant shows its points so far)")
     p.add_argument("--out", default=None, help="record path (default: bench/results/learning_curve[-LABEL].json)")
     args = p.parse_args(argv)
     args.eval_samples, args.eval_new_tokens = 0, 0      # shared_overrides fields not used here
@@ -227,7 +231,9 @@ def main(argv=None) -> int:
         start = start_step(checkpoints_dir(cfg)) if cfg.train.resume else 0
         # train_s: this invocation's trainer call (start-up, evals and saves included; 0 when already done)
         train_s = 0.0
-        if start < args.steps:        # the trainer resumes from `start`; a finished variant is not started
+        if start < args.steps and args.no_train:
+            print(f"{label}: unfinished (checkpoint step {start} of {args.steps}); recording its curve so far")
+        elif start < args.steps:      # the trainer resumes from `start`; a finished variant is not started
             t = time.perf_counter()
             run_train(cfg)
             train_s = time.perf_counter() - t
@@ -235,6 +241,7 @@ def main(argv=None) -> int:
             print(f"{label}: finished earlier (checkpoint step {start} in {run_dir}); re-reading its curve")
         record["drafters"][label] = {"drafter": name, "overrides": extra, "run_dir": str(run_dir),
                                      "resumed_from_step": start, "train_s": train_s,
+                                     "finished": start >= args.steps or not args.no_train,
                                      "load_avg_after": os.getloadavg(), "curve": curve(run_dir / "metrics.jsonl")}
     record["machine"]["loadavg_end"] = os.getloadavg()
     out.parent.mkdir(parents=True, exist_ok=True)
