@@ -56,7 +56,7 @@ sys.path.insert(0, str(REPO))
 from bench.eval_tables import eval_summary, fmt_ci, markdown, paired_ratio, read_jsonl, request_table  # noqa: E402
 from bench.records import record_path  # noqa: E402
 from bench.reference import DOMAIN_BENCHES  # noqa: E402
-from deepspec.train.checkpoint import is_complete, latest_checkpoint  # noqa: E402
+from deepspec.train.checkpoint import CheckpointError, is_complete, latest_checkpoint, run_config_path  # noqa: E402
 
 LABEL_RE = re.compile(r"[A-Za-z0-9_.-]+")
 
@@ -82,14 +82,6 @@ def final_checkpoint(run_dir: Path) -> Tuple[Path, int]:
     if ck is None:
         raise SystemExit(f"{run_dir}: no complete checkpoint (checkpoints/step_N with training_state/meta.json)")
     return ck, int(json.loads((ck / "training_state" / "meta.json").read_text())["step"])
-
-
-def run_config(run_dir: Path, checkpoint: Path) -> Path:
-    """The resolved training config: ``run_dir/run.yaml``, else the copy saved in the checkpoint."""
-    for p in (Path(run_dir) / "run.yaml", Path(checkpoint) / "run.yaml"):
-        if p.is_file():
-            return p
-    raise SystemExit(f"{run_dir}: no run.yaml (the trainer writes one into the run directory and each checkpoint)")
 
 
 def curve_drafters(curve: Path) -> Dict[str, Dict[str, Any]]:
@@ -233,7 +225,10 @@ def main(argv=None) -> int:
     for label, d in drafters.items():
         ck, step = final_checkpoint(d["run_dir"])
         eval_out = (work / "eval" / label).resolve()
-        cfg = eval_config(run_config(d["run_dir"], ck), ck.resolve(), eval_out, overrides)
+        try:
+            cfg = eval_config(run_config_path(d["run_dir"], ck), ck.resolve(), eval_out, overrides)
+        except CheckpointError as e:
+            raise SystemExit(str(e)) from None
         if not args.no_eval:
             eval_out.mkdir(parents=True, exist_ok=True)
             (eval_out / "eval_drafters.yaml").write_text(to_yaml(cfg))

@@ -31,6 +31,8 @@ import torch  # noqa: E402
 
 from deepspec.errors import DeepSpecError  # noqa: E402
 from deepspec.paths import SHIPPED_DIR, SHIPPED_FOR_TARGET  # noqa: E402
+from deepspec.train.checkpoint import (is_complete, latest_checkpoint, list_checkpoints,  # noqa: E402
+                                       run_config_path)
 from tools.ship_record import (ShipError, data_stats, display, eval_check, heldout_rows, heldout_split,  # noqa: E402
                                model_card, provenance, trained_on)
 
@@ -46,7 +48,6 @@ def check_name(name: str) -> str:
 
 def find_checkpoint(run_dir: Path, step: Optional[str]) -> Path:
     """``RUN_DIR/checkpoints/<step>`` when complete, else the newest complete checkpoint."""
-    from deepspec.train.checkpoint import is_complete, latest_checkpoint, list_checkpoints
     root = Path(run_dir) / "checkpoints"
     if step is None:
         ck = latest_checkpoint(root)
@@ -58,13 +59,6 @@ def find_checkpoint(run_dir: Path, step: Optional[str]) -> Path:
         have = ", ".join(p.name for _, p in list_checkpoints(root)) or "none"
         raise ShipError(f"{ck}: not a complete checkpoint (complete ones: {have})")
     return ck
-
-
-def run_yaml(run_dir: Path, ck: Path) -> Path:
-    for p in (Path(run_dir) / "run.yaml", ck / "run.yaml"):
-        if p.is_file():
-            return p
-    raise ShipError(f"{run_dir}: no run.yaml (the trainer writes one into the run directory and each checkpoint)")
 
 
 def tree_bytes(root: Path, skip: Sequence[Path] = ()) -> int:
@@ -109,7 +103,7 @@ def ship(args: argparse.Namespace, argv: Sequence[str]) -> Path:
         raise ShipError(f"{run_dir}: no such run directory")
     ck = find_checkpoint(run_dir, args.checkpoint)
     meta = json.loads((ck / "training_state" / "meta.json").read_text(encoding="utf-8"))
-    cfg = config_from_yaml(run_yaml(run_dir, ck))
+    cfg = config_from_yaml(run_config_path(run_dir, ck))
     root = Path(args.shipped_root)
     out = root / name
 

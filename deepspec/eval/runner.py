@@ -376,7 +376,7 @@ def run(cfg) -> Dict[str, Any]:
         for r in records:
             f.write(jsonl_line(_clean(r.to_json())) + "\n")
     summary = summarize(records, gamma, temps, greedy=warp.greedy,
-                        bootstrap_resamples=int(getattr(ec, "bootstrap_resamples", 0) or 0), bootstrap_seed=ec.seed)
+                        bootstrap_resamples=ec.bootstrap_resamples, bootstrap_seed=ec.seed)
     summary["setup"] = {"target": f"{target.name} ({cfg.target.path})", "drafter": f"{dinfo['algorithm']} ({dinfo['source']})",
                         "policy": getattr(policy, "name", type(policy).__name__), "warp": warp.describe(),
                         "max_new_tokens": ec.max_new_tokens, "max_samples": ec.max_samples,

@@ -72,6 +72,15 @@ def latest_checkpoint(root: Path) -> Optional[Path]:
     return found[-1][1] if found else None
 
 
+def run_config_path(run_dir: Path, checkpoint: Path) -> Path:
+    """The resolved config of a training run: ``run_dir/run.yaml``, else the copy saved in ``checkpoint``."""
+    for p in (Path(run_dir) / "run.yaml", Path(checkpoint) / "run.yaml"):
+        if p.is_file():
+            return p
+    raise CheckpointError(f"{run_dir}: no run.yaml (the trainer writes one into the run directory and each "
+                          "checkpoint)")
+
+
 def remove_partial(root: Path) -> List[Path]:
     """Delete half-written ``step_N.tmp`` / ``step_N.old`` directories left by a killed run."""
     root = Path(root)

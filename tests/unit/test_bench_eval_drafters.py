@@ -11,6 +11,7 @@ import torch
 from deepspec.eval.bootstrap import bootstrap_intervals, request_totals
 from deepspec.eval.runner import RequestRecord
 from deepspec.eval.speculative import GenerationResult, RoundStats
+from deepspec.train.checkpoint import run_config_path
 
 
 def _result(accepted, seconds=1.0):
@@ -178,10 +179,10 @@ def test_final_checkpoint_and_config_of_a_run_directory(tmp_path, bench_module):
     assert mod.final_checkpoint(run) == (run / "checkpoints" / "step_4", 4)
     assert mod.final_checkpoint(run / "checkpoints" / "step_2") == (run / "checkpoints" / "step_2", 2)
     ck = run / "checkpoints" / "step_4"
-    assert mod.run_config(run, ck) == ck / "run.yaml"                  # no run.yaml in the run dir yet
+    assert run_config_path(run, ck) == ck / "run.yaml"                  # no run.yaml in the run dir yet
     (run / "run.yaml").write_text("seed: 0\n")
-    assert mod.run_config(run, ck) == run / "run.yaml"
-    assert mod.run_config(ck, ck) == ck / "run.yaml"
+    assert run_config_path(run, ck) == run / "run.yaml"
+    assert run_config_path(ck, ck) == ck / "run.yaml"
     with pytest.raises(SystemExit, match="no complete checkpoint"):
         mod.final_checkpoint(tmp_path / "empty")
 
