@@ -179,6 +179,8 @@ def render(result_path: Path | None = None, out: Path | None = None) -> Path:
         L += ["## 5. Training step: ours vs DeepSpec (CPU)", "",
               f"`bench/train_vs_deepspec.py` → `{tvd.relative_to(REPO)}` ({json.loads(tvd.read_text()).get('time', '')}):",
               "", render_train_vs_deepspec(json.loads(tvd.read_text()))]
+    from bench.render_converged import render_converged   # issue 21: the drafters trained to a plateau
+    L += render_converged(REPO / "bench" / "results")
     out = out or REPO / "docs" / "benchmarks.md"
     out.write_text("\n".join(L) + "\n")
     print(f"wrote {out}")

@@ -1,0 +1,179 @@
+"""The converged-drafters section of `docs/benchmarks.md` (issue 21), rendered from records only.
+
+Reads a `bench/learning_curve.py` record of the four drafters trained to a plateau (held-out E[τ] per
+step), the `bench/eval_drafters.py` record of the same checkpoints (eval τ with bootstrap intervals,
+paired ratios, per-round speed) and, when present, labelled curve records that change one setting of
+a baseline variant (depth, anchors per sequence, Eagle3's dense supervision): each is compared with its
+baseline at the last step both reached.  The verdicts against the paper's margins are computed here
+from those numbers; nothing is typed in by hand.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+# The paper's macro-τ margins on Qwen3 (issue 21's goal): DSpark over DFlash and over Eagle3.
+GOALS = {"dflash": 1.16, "eagle3": 1.30}
+# The DSpark variants of a record, by sequential head.
+DSPARK_LABELS = {"dspark": "DSpark (Markov)", "dspark_rnn": "DSpark (RNN)"}
+
+
+def _f(x, fmt: str = ".3f") -> str:
+    return "–" if x is None else format(x, fmt)
+
+
+def _ci(ci, fmt: str = ".3f") -> str:
+    return f" [{format(ci[0], fmt)}, {format(ci[1], fmt)}]" if ci else ""
+
+
+def _curve(entry: Mapping) -> Dict[int, dict]:
+    return {int(p["step"]): p for p in entry.get("curve") or [] if "eval/expected_tau" in p}
+
+
+def _final(entry: Mapping) -> Optional[dict]:
+    c = _curve(entry)
+    return c[max(c)] if c else None
+
+
+def _verdict(ratio: Optional[float], goal: float) -> str:
+    return "–" if ratio is None else ("met" if ratio >= goal else "not met")
+
+
+def heldout_table(curve: Mapping) -> List[str]:
+    out = ["| drafter | steps | held-out E[τ] | P(1st accepted) | training s |", "|---|---:|---:|---:|---:|"]
+    for name, e in curve["drafters"].items():
+        f = _final(e) or {}
+        out.append(f"| {name} | {f.get('step', '–')} | {_f(f.get('eval/expected_tau'))} | "
+                   f"{_f(f.get('eval/accept_rate/1'))} | {_f(f.get('train_wall_s'), '.0f')} |")
+    return out
+
+
+def eval_table(ev: Mapping) -> List[str]:
+    out = ["| drafter | macro τ [95% CI] | speedup [95% CI] | draft ms | verify ms | plain ms/token | "
+           "greedy identical |", "|---|---|---|---:|---:|---:|---:|"]
+    for name, e in ev["drafters"].items():
+        r = e.get("result") or {}
+        m, s, g = r.get("macro") or {}, r.get("speed") or {}, r.get("greedy_check") or {}
+        out.append(f"| {name} | {_f(m.get('tau'), '.2f')}{_ci(m.get('tau_ci95'), '.2f')} | "
+                   f"{_f(m.get('speedup'), '.2f')}{_ci(m.get('speedup_ci95'), '.2f')} | {_f(s.get('draft_ms'), '.1f')} | "
+                   f"{_f(s.get('verify_ms'), '.1f')} | {_f(s.get('plain_decode_ms_per_token'), '.1f')} | "
+                   + (f"{g.get('matched')}/{g.get('compared')} |" if g else "– |"))
+    return out
+
+
+def ratio_rows(curve: Mapping, ev: Mapping) -> Tuple[List[str], List[str]]:
+    """The goal table and one verdict line per DSpark head and baseline."""
+    held = {n: (_final(e) or {}).get("eval/expected_tau") for n, e in curve["drafters"].items()}
+    rows = ["| ratio | held-out E[τ] | eval macro τ [95% paired CI] | goal | held-out | eval |",
+            "|---|---:|---|---:|---|---|"]
+    lines = []
+    for ds, ds_name in DSPARK_LABELS.items():
+        for other, goal in GOALS.items():
+            if ds not in held or other not in held:
+                continue
+            h = held[ds] / held[other] if held[ds] and held[other] else None
+            r = (ev.get("ratios") or {}).get(f"{ds}/{other}") or {}
+            e = r.get("ratio")
+            rows.append(f"| {ds_name} / {other} | {_f(h)} | {_f(e)}{_ci(r.get('ratio_ci95'))} | {goal:.2f} | "
+                        f"{_verdict(h, goal)} | {_verdict(e, goal)} |")
+            lines.append(f"- {ds_name} / {other} ≥ {goal:.2f}: held-out {_f(h)} ({_verdict(h, goal)}), "
+                         f"eval {_f(e)}{_ci(r.get('ratio_ci95'))} ({_verdict(e, goal)})")
+    for other in GOALS:   # the ordering itself, from the eval's paired intervals of every DSpark head
+        cis = [((ev.get("ratios") or {}).get(f"{ds}/{other}") or {}).get("ratio_ci95") for ds in DSPARK_LABELS]
+        cis = [c for c in cis if c]
+        if cis:
+            word = ("holds (every DSpark head's interval above 1)" if all(c[0] > 1 for c in cis) else
+                    "is reversed (every DSpark head's interval below 1)" if all(c[1] < 1 for c in cis) else
+                    "is not resolved by the intervals")
+            lines.append(f"- ordering DSpark > {other} on this target: {word}")
+    return rows, lines
+
+
+def _setting(rec: Mapping, entry: Mapping) -> Tuple:
+    a = rec.get("args") or {}
+    ov = sorted(o for o in entry.get("overrides") or [] if not o.startswith("draft.num_layers="))
+    layers = next((o.split("=", 1)[1] for o in entry.get("overrides") or [] if o.startswith("draft.num_layers=")),
+                  str(a.get("layers")))
+    return ov, layers, a.get("anchors")
+
+
+def change_of(base_rec: Mapping, base: Mapping, rec: Mapping, entry: Mapping) -> str:
+    """What a variant changes against its baseline: depth, anchors per sequence, draft overrides."""
+    (bo, bl, ba), (vo, vl, va) = _setting(base_rec, base), _setting(rec, entry)
+    parts = []
+    if vl != bl and entry.get("drafter") != "eagle3":
+        parts.append(f"{bl} → {vl} layers")
+    if va != ba:
+        parts.append(f"{ba} → {va} anchors per sequence")
+    parts += [f"`{o}`" for o in vo if o not in bo]
+    parts += [f"without `{o}`" for o in bo if o not in vo]
+    return ", ".join(parts) or "nothing"
+
+
+def variant_rows(base_rec: Mapping, variants: Sequence[Tuple[Mapping, str, str]]) -> List[str]:
+    """``variants``: (record, variant label, baseline label in ``base_rec``)."""
+    out = ["| variant | change | last step | held-out E[τ] (P₁) | baseline at that step (P₁) | Δ E[τ] | "
+           "training s (baseline) |", "|---|---|---:|---:|---:|---:|---:|"]
+    for rec, name, base_name in variants:
+        entry, base = rec["drafters"][name], base_rec["drafters"][base_name]
+        vc, bc = _curve(entry), _curve(base)
+        common = sorted(set(vc) & set(bc))
+        if not common:
+            continue
+        s = common[-1]
+        v, b = vc[s], bc[s]
+        out.append(f"| {name} ({rec.get('args', {}).get('label', '')}) | {change_of(base_rec, base, rec, entry)} | {s} | "
+                   f"{_f(v['eval/expected_tau'])} ({_f(v.get('eval/accept_rate/1'))}) | "
+                   f"{_f(b['eval/expected_tau'])} ({_f(b.get('eval/accept_rate/1'))}) | "
+                   f"{v['eval/expected_tau'] - b['eval/expected_tau']:+.3f} | "
+                   f"{_f(v.get('train_wall_s'), '.0f')} ({_f(b.get('train_wall_s'), '.0f')}) |")
+    return out
+
+
+def find_variants(results: Path, base_rec: Mapping, labels: Sequence[str]) -> List[Tuple[Mapping, str, str]]:
+    """Each variant of `learning_curve-<label>.json` paired with the baseline variant that runs the same
+    drafter class (the same `drafter` field); Eagle3 variants with Eagle3."""
+    out = []
+    for label in labels:
+        p = results / f"learning_curve-{label}.json"
+        if not p.is_file():
+            continue
+        rec = json.loads(p.read_text())
+        for name, entry in rec["drafters"].items():
+            base = next((n for n, b in base_rec["drafters"].items() if b.get("drafter") == entry.get("drafter")), None)
+            if base is not None:
+                out.append((rec, name, base))
+    return out
+
+
+def render_converged(results: Path, label: str = "converge",
+                     variant_labels: Sequence[str] = ("converge_L3", "converge_a128", "converge_sparse")) -> List[str]:
+    cp, ep = results / f"learning_curve-{label}.json", results / f"eval_drafters-{label}.json"
+    if not (cp.is_file() and ep.is_file()):
+        return []
+    curve, ev = json.loads(cp.read_text()), json.loads(ep.read_text())
+    a, es = curve.get("args") or {}, ev.get("eval_settings") or {}
+    rows, lines = ratio_rows(curve, ev)
+    out = ["## 6. Converged drafters (issue 21)", "",
+           f"Records `{cp.relative_to(results.parent.parent)}` ({curve.get('date', '')}) and "
+           f"`{ep.relative_to(results.parent.parent)}` ({ev.get('date', '')}); commands in "
+           "[bench/README.md](../bench/README.md), analysis in [benchmarks-notes.md](benchmarks-notes.md).", "",
+           f"- training: {a.get('steps')} steps (cosine to 0), {a.get('anchors')} anchors per sequence, "
+           f"depth {a.get('layers')} for the parallel drafters (Eagle3: 1 layer), one shared cache, held-out "
+           "split of the training data (never the eval prompts)",
+           f"- eval: {es.get('max_samples')} prompts × {len(es.get('benchmarks') or [])} benchmarks "
+           f"({', '.join(es.get('benchmarks') or [])}), {es.get('max_new_tokens')} new tokens, "
+           f"temperature {es.get('temperature')}, {' '.join(es.get('extra') or [])}; intervals: bootstrap over "
+           "requests (ratios: paired, stratified by benchmark)", "",
+           f"![learning curves](../bench/results/learning_curve-{label}.png)", "",
+           "### Held-out E[τ] at the end of training", "", *heldout_table(curve), "",
+           "### Eval τ and speed", "", *eval_table(ev), "",
+           "### The paper's margins on this target", "", *rows, "", *lines, ""]
+    variants = find_variants(results, curve, variant_labels)
+    if variants:
+        out += ["### One change at a time against the converged run (held-out E[τ], same schedule)", "",
+                "Each variant is compared with the drafter of the run above that it changes, at the last step both "
+                "reached (a variant stopped early is compared at that step).", "",
+                *variant_rows(curve, variants), ""]
+    return out

@@ -1,0 +1,78 @@
+"""bench/render_converged.py: the converged-drafters section is computed from the records (verdicts against
+the paper's margins, the ordering from paired intervals, one-change variants at the last common step)."""
+import json
+
+
+def _curve(points):
+    return [{"step": s, "eval/expected_tau": t, "eval/accept_rate/1": p, "train_wall_s": 10.0 * s}
+            for s, t, p in points]
+
+
+def _records(tmp_path):
+    res = tmp_path / "bench" / "results"
+    res.mkdir(parents=True)
+    curve = {"date": "D1", "args": {"steps": 200, "anchors": 32, "layers": 1, "label": "converge"}, "drafters": {
+        "dspark": {"drafter": "dspark_markov", "overrides": ["draft.vocab_size=8192", "draft.num_layers=1"],
+                   "curve": _curve([(100, 1.2, 0.2), (200, 1.40, 0.30)])},
+        "dspark_rnn": {"drafter": "dspark_rnn", "overrides": ["draft.vocab_size=8192", "draft.num_layers=1"],
+                       "curve": _curve([(100, 1.25, 0.22), (200, 1.50, 0.33)])},
+        "dflash": {"drafter": "dflash", "overrides": ["draft.num_layers=1"],
+                   "curve": _curve([(100, 1.1, 0.1), (200, 1.25, 0.2)])},
+        "eagle3": {"drafter": "eagle3", "overrides": [], "curve": _curve([(100, 1.3, 0.25), (200, 1.60, 0.38)])}}}
+    ratios = {"dspark/dflash": {"ratio": 1.12, "ratio_ci95": [1.10, 1.14]},
+              "dspark_rnn/dflash": {"ratio": 1.20, "ratio_ci95": [1.17, 1.23]},
+              "dspark/eagle3": {"ratio": 0.875, "ratio_ci95": [0.86, 0.89]},
+              "dspark_rnn/eagle3": {"ratio": 0.95, "ratio_ci95": [0.93, 1.02]}}
+    ev = {"date": "D2", "eval_settings": {"max_samples": 20, "benchmarks": ["gsm8k", "mbpp"], "max_new_tokens": 40,
+                                          "temperature": 0.0, "extra": []},
+          "drafters": {n: {"result": {"macro": {"tau": 1.4, "tau_ci95": [1.3, 1.5]}, "speed": {}}}
+                       for n in curve["drafters"]},
+          "ratios": ratios}
+    (res / "learning_curve-converge.json").write_text(json.dumps(curve))
+    (res / "eval_drafters-converge.json").write_text(json.dumps(ev))
+    return res, curve
+
+
+def test_verdicts_and_ordering_follow_the_numbers(tmp_path, bench_module):
+    mod = bench_module("render_converged")
+    res, _ = _records(tmp_path)
+    text = "\n".join(mod.render_converged(res, variant_labels=()))
+    # held-out 1.40/1.25 = 1.120 < 1.16; eval 1.12 < 1.16
+    assert "| DSpark (Markov) / dflash | 1.120 | 1.120 [1.100, 1.140] | 1.16 | not met | not met |" in text
+    # held-out 1.50/1.25 = 1.200, eval 1.20: both met
+    assert "| DSpark (RNN) / dflash | 1.200 | 1.200 [1.170, 1.230] | 1.16 | met | met |" in text
+    assert "ordering DSpark > dflash on this target: holds" in text
+    # one head's interval crosses 1 -> not resolved, even though both point estimates are below 1
+    assert "ordering DSpark > eagle3 on this target: is not resolved" in text
+
+
+def test_reversed_ordering_when_every_interval_is_below_one(tmp_path, bench_module):
+    mod = bench_module("render_converged")
+    res, _ = _records(tmp_path)
+    ev = json.loads((res / "eval_drafters-converge.json").read_text())
+    ev["ratios"]["dspark_rnn/eagle3"]["ratio_ci95"] = [0.93, 0.97]
+    (res / "eval_drafters-converge.json").write_text(json.dumps(ev))
+    assert "ordering DSpark > eagle3 on this target: is reversed" in "\n".join(mod.render_converged(res, variant_labels=()))
+
+
+def test_variants_are_compared_at_the_last_step_both_reached(tmp_path, bench_module):
+    mod = bench_module("render_converged")
+    res, _ = _records(tmp_path)
+    var = {"args": {"anchors": 128, "layers": 1, "label": "converge_a128"}, "drafters": {
+        "dspark_rnn": {"drafter": "dspark_rnn", "overrides": ["draft.vocab_size=8192", "draft.num_layers=1"],
+                       "curve": _curve([(100, 1.30, 0.25)])}}}           # stopped at step 100
+    deep = {"args": {"anchors": 32, "layers": 3, "label": "converge_L3"}, "drafters": {
+        "dflash": {"drafter": "dflash", "overrides": ["draft.num_layers=3"], "curve": _curve([(100, 1.0, 0.1)])}}}
+    (res / "learning_curve-converge_a128.json").write_text(json.dumps(var))
+    (res / "learning_curve-converge_L3.json").write_text(json.dumps(deep))
+    text = "\n".join(mod.render_converged(res, variant_labels=("converge_L3", "converge_a128", "missing")))
+    assert ("| dspark_rnn (converge_a128) | 32 → 128 anchors per sequence | 100 | 1.300 (0.250) | 1.250 (0.220) "
+            "| +0.050 | 1000 (1000) |") in text
+    assert "| dflash (converge_L3) | 1 → 3 layers | 100 | 1.000 (0.100) | 1.100 (0.100) | -0.100 |" in text
+
+
+def test_no_section_without_both_records(tmp_path, bench_module):
+    mod = bench_module("render_converged")
+    res, _ = _records(tmp_path)
+    (res / "eval_drafters-converge.json").unlink()
+    assert mod.render_converged(res) == []
