@@ -60,6 +60,11 @@ class DraftConfig:
     # target feature (position p-1) to every block input, the view Eagle3 gets in its layer input.
     # Default false keeps the published architecture (context only as extra K/V).
     anchor_feature: bool = False
+    # Ablation for DFlash/DSpark, not part of either paper: a residual SwiGLU (width = the draft's
+    # intermediate size) over each context position before the norm, so the context keys/values come
+    # from a learned per-position encoding of the target features instead of one linear map (Eagle3's
+    # context is a full layer's output).  Still per position: decoding caches it like the plain map.
+    context_mlp: bool = False
     loss: LossConfig = field(default_factory=LossConfig)
     # Sequential temperature scaling (filled in by `deepspec calibrate`).
     # Initialise from a saved draft directory: weights with matching names and shapes are

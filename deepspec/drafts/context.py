@@ -9,25 +9,33 @@ and projects only the new positions on `advance`.
 """
 from __future__ import annotations
 
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 import torch
 from torch import nn
 
-from .layers import KV, DraftLayer, RMSNorm
+from .layers import KV, DraftLayer, RMSNorm, SwiGLU
 
 
 class ContextProjector(nn.Module):
-    def __init__(self, feature_dim: int, hidden_size: int, eps: float = 1e-6):
+    """``RMSNorm(fc(features))``; with ``mlp_size`` (the `draft.context_mlp` ablation) a residual
+    SwiGLU over each position first: ``h = fc(f); h = h + mlp(RMSNorm(h)); RMSNorm(h)``."""
+
+    def __init__(self, feature_dim: int, hidden_size: int, eps: float = 1e-6, mlp_size: Optional[int] = None):
         super().__init__()
         self.fc = nn.Linear(feature_dim, hidden_size, bias=False)
+        self.mlp_norm = RMSNorm(hidden_size, eps) if mlp_size else None
+        self.mlp = SwiGLU(hidden_size, mlp_size) if mlp_size else None
         self.norm = RMSNorm(hidden_size, eps)
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         """features [..., L*H_target] -> H_ctx [..., H_draft]."""
         if features.is_inference():  # e.g. straight from `target.capture` (inference mode)
             features = features.clone()
-        return self.norm(self.fc(features.to(self.fc.weight.device, self.fc.weight.dtype)))
+        h = self.fc(features.to(self.fc.weight.device, self.fc.weight.dtype))
+        if self.mlp is not None:
+            h = h + self.mlp(self.mlp_norm(h))
+        return self.norm(h)
 
 
 def context_kv(layers: Sequence[DraftLayer], h_ctx: torch.Tensor, positions: torch.Tensor) -> List[KV]:

@@ -75,7 +75,8 @@ class ParallelDrafter(Drafter):
             raise ValueError(f"draft.gamma and draft.num_layers must be >= 1 (got {cfg.gamma}, {cfg.num_layers})")
         self.dims = dims = DraftDims.from_target(target.config, cfg)
         D, Ht = dims.hidden_size, self.target_hidden_size
-        self.context = ContextProjector(self.feature_dim, D, dims.rms_eps)
+        self.context = ContextProjector(self.feature_dim, D, dims.rms_eps,
+                                        dims.intermediate_size if cfg.context_mlp else None)
         self.in_proj = nn.Linear(Ht, D, bias=False) if D != Ht else None
         self.anchor_proj = ContextProjector(self.feature_dim, D, dims.rms_eps) if cfg.anchor_feature else None
         self.layers = nn.ModuleList(DraftLayer(dims) for _ in range(cfg.num_layers))

@@ -106,6 +106,8 @@ UNREPRESENTABLE = {
                          "target's LM head straight to the draft's hidden state",
     r"anchor_proj\..+": "the anchor-feature ablation (draft.anchor_feature=true): the engines' drafters see the "
                         "target's features only as extra keys/values",
+    r"context\.(mlp|mlp_norm)\..+": "the context-MLP ablation (draft.context_mlp=true): the engines project the "
+                                    "target's features with one linear map and a norm",
     r"conf_head\.w1\.weight": "a confidence head with its own token embedding (there is no sequential head to "
                               "share one with): the engines' confidence head reads the Markov head's embedding "
                               "or the hidden state alone",

@@ -12,6 +12,8 @@ ALGOS = {
     "dspark_rnn": dict(algorithm="dspark", sequential_head="rnn"),
     # the anchor-feature ablation (draft.anchor_feature): same contracts as the published drafters
     "dflash_anchor_feature": dict(algorithm="dflash", anchor_feature=True),
+    # the context-encoder ablation (draft.context_mlp): a residual MLP over each context position
+    "dspark_context_mlp": dict(algorithm="dspark", sequential_head="rnn", context_mlp=True),
 }
 
 
@@ -68,6 +70,11 @@ def test_forward_shapes_metrics_and_frozen_target(tiny_target, name):
     assert (d.anchor_proj is not None) == ("anchor_feature" in name)
     if d.anchor_proj is not None:
         assert d.anchor_proj.fc.weight.grad.abs().sum() > 0
+    assert (d.context.mlp is not None) == ("context_mlp" in name)
+    if d.context.mlp is not None:
+        assert d.context.mlp.down_proj.weight.grad.abs().sum() > 0
+    else:   # the published layout keeps its state-dict keys (shipped and exported drafts load unchanged)
+        assert not any(k.startswith("context.mlp") for k in d.state_dict())
     # per block: γ logits over the target vocabulary
     bl = d.block_logits(batch)
     assert bl["logits"].shape == (2, 4, G, t.vocab_size) and bl["logits"].dtype == torch.float32
@@ -165,7 +172,7 @@ def test_loss_and_metrics_by_hand(tiny_llama):
     assert m["expected_tau"] == pytest.approx(tau, abs=1e-5)
 
 
-@pytest.mark.parametrize("name", ["dflash", "dspark_rnn", "dflash_anchor_feature"])
+@pytest.mark.parametrize("name", ["dflash", "dspark_rnn", "dflash_anchor_feature", "dspark_context_mlp"])
 def test_chunked_equals_unchunked(tiny_llama, name):
     t = tiny_llama
     results = []
