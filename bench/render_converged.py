@@ -148,7 +148,7 @@ def find_variants(results: Path, base_rec: Mapping, labels: Sequence[str]) -> Li
 
 
 def render_converged(results: Path, label: str = "converge",
-                     variant_labels: Sequence[str] = ("converge_L3", "converge_a128")) -> List[str]:
+                     variant_labels: Sequence[str] = ("converge_L3", "converge_a128", "converge_ctx")) -> List[str]:
     cp, ep = results / f"learning_curve-{label}.json", results / f"eval_drafters-{label}.json"
     if not (cp.is_file() and ep.is_file()):
         return []

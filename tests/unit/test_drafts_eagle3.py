@@ -233,8 +233,8 @@ def test_layout_structure_and_config_errors(layout):
         d = make_eagle(two, layout, num_layers=2)
         assert d.in_proj is not None and d.layers[0].attn.q_norm is not None
         return
-    with pytest.raises(ValueError, match=r"target.layer_ids has 2"):
-        make_eagle(two, layout)
+    # any number of feature layers trains (DeepSpec's Eagle3 reads 5); only the export needs 3
+    assert make_eagle(two, layout).fc.in_features == 2 * two.hidden_size
     t = make_tiny_target("llama", num_feature_layers=3)
     cfg = dict(algorithm="eagle3", eagle3_layout=layout)
     with pytest.raises(ValueError, match="draft.num_layers=2"):

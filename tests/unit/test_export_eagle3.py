@@ -176,6 +176,19 @@ def test_native_layout_refused_for_engines(target, tmp_path, capsys):
     assert res.verified["reimport_max_abs_diff"] == 0.0
 
 
+def test_engine_layout_over_other_than_3_layers_trains_but_is_not_exported(tmp_path):
+    """DeepSpec's Eagle3 is the engine layer over 5 target layers: it builds and trains; the engines' fc takes
+    3·hidden, so the export refuses it naming the count and writes nothing."""
+    t = load_target(TargetConfig(path=TINY, dtype="float32", device="cpu", layer_ids=[0, 1]))
+    d = _trained(t, seed=3)
+    assert d.fc.in_features == 2 * t.hidden_size
+    d.save_pretrained(tmp_path / "ckpt")
+    for fmt in ("vllm", "sglang"):
+        with pytest.raises(ExportUnsupported, match="2 target feature layers"):
+            export_draft(tmp_path / "ckpt", tmp_path / fmt, fmt, target=t)
+        assert not (tmp_path / fmt).exists()
+
+
 def test_unordered_layer_ids_refused(tmp_path):
     t = load_target(TargetConfig(path=TINY, dtype="float32", device="cpu", layer_ids=[2, 0, 1]))
     with pytest.raises(ValueError, match="strictly increasing target.layer_ids"):
