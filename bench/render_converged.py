@@ -147,8 +147,37 @@ def find_variants(results: Path, base_rec: Mapping, labels: Sequence[str]) -> Li
     return out
 
 
+def _run_key(run_dir: str) -> str:
+    """`<label dir>/<variant dir>` of a run directory, the same in curve records (repo-relative) and eval
+    records (absolute)."""
+    return "/".join(Path(run_dir).parts[-2:])
+
+
+def heldout_by_run(curve_records: Sequence[Mapping]) -> Dict[str, dict]:
+    return {_run_key(e["run_dir"]): f for rec in curve_records for e in rec["drafters"].values()
+            if e.get("run_dir") and (f := _final(e))}
+
+
+def paired_rows(ev: Mapping, held: Mapping[str, dict]) -> List[str]:
+    """Every ratio of a combined eval record (`bench/eval_drafters.py --ratio`): the held-out E[τ] ratio of
+    the same two runs where their curves are recorded, the eval ratio with its paired interval, and the
+    paper's margin where a DSpark run is divided by a DFlash or an Eagle3 run."""
+    algo = {n: e.get("algorithm") for n, e in ev["drafters"].items()}
+    run = {n: _run_key(e["run_dir"]) for n, e in ev["drafters"].items() if e.get("run_dir")}
+    out = ["| ratio | held-out E[τ] | eval macro τ [95% paired CI] | goal | held-out | eval |",
+           "|---|---:|---|---:|---|---|"]
+    for pair, r in (ev.get("ratios") or {}).items():
+        a, b = pair.split("/")
+        ha, hb = ((held.get(run.get(x, "")) or {}).get("eval/expected_tau") for x in (a, b))
+        h = ha / hb if ha and hb else None
+        goal = GOALS.get(algo.get(b)) if algo.get(a) == "dspark" else None
+        out.append(f"| {a} / {b} | {_f(h)} | {_f(r.get('ratio'))}{_ci(r.get('ratio_ci95'))} | "
+                   + (f"{goal:.2f} | {_verdict(h, goal)} | {_verdict(r.get('ratio'), goal)} |" if goal else "– | – | – |"))
+    return out
+
+
 def render_converged(results: Path, label: str = "converge",
-                     variant_labels: Sequence[str] = ("converge_L3", "converge_a128", "converge_ctx")) -> List[str]:
+                     variant_labels: Sequence[str] = ("converge_L3", "converge_a128", "converge_ctx", "converge_e3engine")) -> List[str]:
     cp, ep = results / f"learning_curve-{label}.json", results / f"eval_drafters-{label}.json"
     if not (cp.is_file() and ep.is_file()):
         return []
@@ -176,4 +205,11 @@ def render_converged(results: Path, label: str = "converge",
                 "Each variant is compared with the drafter of the run above that it changes, at the last step both "
                 "reached (a variant stopped early is compared at that step).", "",
                 *variant_rows(curve, variants), ""]
+    vp = results / f"eval_drafters-{label}_variants.json"
+    if vp.is_file():
+        vev = json.loads(vp.read_text())
+        held = heldout_by_run([curve, *{id(r): r for r, _, _ in variants}.values()])
+        out += ["### The one-change runs in eval, paired with the converged drafters", "",
+                f"`{vp.relative_to(results.parent.parent)}` ({vev.get('date', '')}): the same prompts and settings; "
+                "held-out ratios from the runs' final held-out evaluations.", "", *paired_rows(vev, held), ""]
     return out

@@ -53,8 +53,9 @@ class DraftConfig:
     # Eagle3 architecture: native = deepspec's (in_proj over the normed concat, then generic
     # draft layers with q/k norm; any number of feature layers and layers); engine = the
     # vLLM/SGLang/speculators EAGLE-3 layer (q/k/v read the 2·hidden concat, residual = the
-    # hidden stream, no q/k norm), exportable with `deepspec export --to vllm|sglang`; needs
-    # exactly 3 target.layer_ids, draft.num_layers=1 and draft.hidden_size unset.
+    # hidden stream, no q/k norm), exportable with `deepspec export --to vllm|sglang` when it reads
+    # exactly 3 target.layer_ids (DeepSpec's baseline reads 5: trains, not exportable); needs draft.num_layers=1
+    # and draft.hidden_size unset.
     eagle3_layout: str = "native"
     # Ablation for DFlash/DSpark, not part of either paper: also add a projection of the latest
     # target feature (position p-1) to every block input, the view Eagle3 gets in its layer input.

@@ -76,3 +76,26 @@ def test_no_section_without_both_records(tmp_path, bench_module):
     res, _ = _records(tmp_path)
     (res / "eval_drafters-converge.json").unlink()
     assert mod.render_converged(res) == []
+
+
+def test_paired_rows_join_eval_ratios_with_held_out_by_run_dir(tmp_path, bench_module):
+    mod = bench_module("render_converged")
+    res, curve = _records(tmp_path)
+    for name, e in curve["drafters"].items():
+        e["run_dir"] = f"bench/work/x/curve/converge/{name}-200"
+    engine = {"args": {"label": "converge_e3engine"}, "drafters": {"eagle3_engine": {
+        "drafter": "eagle3", "overrides": ["draft.eagle3_layout=engine"],
+        "run_dir": "bench/work/x/curve/converge_e3engine/eagle3_engine-200", "curve": _curve([(200, 1.25, 0.2)])}}}
+    (res / "learning_curve-converge.json").write_text(json.dumps(curve))
+    (res / "learning_curve-converge_e3engine.json").write_text(json.dumps(engine))
+    ev = {"date": "D3", "drafters": {
+        "dspark_rnn": {"algorithm": "dspark", "run_dir": "/abs/bench/work/x/curve/converge/dspark_rnn-200"},
+        "eagle3_engine": {"algorithm": "eagle3", "run_dir": "/abs/bench/work/x/curve/converge_e3engine/eagle3_engine-200"},
+        "eagle3": {"algorithm": "eagle3", "run_dir": "/abs/bench/work/x/curve/converge/eagle3-200"}},
+        "ratios": {"dspark_rnn/eagle3_engine": {"ratio": 1.31, "ratio_ci95": [1.28, 1.34]},
+                   "eagle3/eagle3_engine": {"ratio": 1.2, "ratio_ci95": [1.1, 1.3]}}}
+    (res / "eval_drafters-converge_variants.json").write_text(json.dumps(ev))
+    text = "\n".join(mod.render_converged(res, variant_labels=("converge_e3engine",)))
+    # held-out 1.50 / 1.25 = 1.200 < 1.30 (not met), eval 1.31 >= 1.30 (met)
+    assert "| dspark_rnn / eagle3_engine | 1.200 | 1.310 [1.280, 1.340] | 1.30 | not met | met |" in text
+    assert "| eagle3 / eagle3_engine | 1.280 | 1.200 [1.100, 1.300] | – | – | – |" in text   # no goal between baselines
