@@ -184,6 +184,12 @@ def render_converged(results: Path, label: str = "converge",
     curve, ev = json.loads(cp.read_text()), json.loads(ep.read_text())
     a, es = curve.get("args") or {}, ev.get("eval_settings") or {}
     rows, lines = ratio_rows(curve, ev)
+    e3 = (curve["drafters"].get("eagle3") or {}).get("overrides") or []
+    layout = next((o.split("=", 1)[1] for o in e3 if o.startswith("draft.eagle3_layout=")), "native")
+    if "eagle3" in curve["drafters"]:
+        lines.append(f"- `eagle3` in these rows is deepspec's `{layout}` Eagle3 layout"
+                     + (" (the EAGLE-3 layer of the engines and of DeepSpec's baseline is `draft.eagle3_layout="
+                        "engine`; where a run of it is recorded it appears below)" if layout == "native" else ""))
     out = ["## 6. Converged drafters (issue 21)", "",
            f"Records `{cp.relative_to(results.parent.parent)}` ({curve.get('date', '')}) and "
            f"`{ep.relative_to(results.parent.parent)}` ({ev.get('date', '')}); commands in "
