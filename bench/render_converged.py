@@ -3,7 +3,7 @@
 Reads a `bench/learning_curve.py` record of the four drafters trained to a plateau (held-out E[τ] per
 step), the `bench/eval_drafters.py` record of the same checkpoints (eval τ with bootstrap intervals,
 paired ratios, per-round speed) and, when present, labelled curve records that change one setting of
-a baseline variant (depth, anchors per sequence, Eagle3's dense supervision): each is compared with its
+a baseline variant (depth, anchors per sequence, the context encoder, the Eagle3 layout): each is compared with its
 baseline at the last step both reached.  The verdicts against the paper's margins are computed here
 from those numbers; nothing is typed in by hand.
 """
