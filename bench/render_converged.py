@@ -13,18 +13,12 @@ import json
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
+from bench.eval_tables import fmt_ci
+
 # The paper's macro-τ margins on Qwen3 (issue 21's goal): DSpark over DFlash and over Eagle3.
 GOALS = {"dflash": 1.16, "eagle3": 1.30}
 # The DSpark variants of a record, by sequential head.
 DSPARK_LABELS = {"dspark": "DSpark (Markov)", "dspark_rnn": "DSpark (RNN)"}
-
-
-def _f(x, fmt: str = ".3f") -> str:
-    return "–" if x is None else format(x, fmt)
-
-
-def _ci(ci, fmt: str = ".3f") -> str:
-    return f" [{format(ci[0], fmt)}, {format(ci[1], fmt)}]" if ci else ""
 
 
 def _curve(entry: Mapping) -> Dict[int, dict]:
@@ -40,12 +34,24 @@ def _verdict(ratio: Optional[float], goal: float) -> str:
     return "–" if ratio is None else ("met" if ratio >= goal else "not met")
 
 
+RATIO_HEADER = ("| ratio | held-out E[τ] | eval macro τ [95% paired CI] | goal | held-out | eval |",
+                "|---|---:|---|---:|---|---|")
+
+
+def _ratio_row(label: str, held: Optional[float], r: Mapping, goal: Optional[float]) -> str:
+    """``| A / B | held-out | eval [CI] | goal | verdict held-out | verdict eval |`` (– without a goal)."""
+    head = f"| {label} | {fmt_ci(held, None, 3)} | {fmt_ci(r.get('ratio'), r.get('ratio_ci95'), 3)} | "
+    if goal is None:
+        return head + "– | – | – |"
+    return head + f"{goal:.2f} | {_verdict(held, goal)} | {_verdict(r.get('ratio'), goal)} |"
+
+
 def heldout_table(curve: Mapping) -> List[str]:
     out = ["| drafter | steps | held-out E[τ] | P(1st accepted) | training s |", "|---|---:|---:|---:|---:|"]
     for name, e in curve["drafters"].items():
         f = _final(e) or {}
-        out.append(f"| {name} | {f.get('step', '–')} | {_f(f.get('eval/expected_tau'))} | "
-                   f"{_f(f.get('eval/accept_rate/1'))} | {_f(f.get('train_wall_s'), '.0f')} |")
+        out.append(f"| {name} | {f.get('step', '–')} | {fmt_ci(f.get('eval/expected_tau'), None, 3)} | "
+                   f"{fmt_ci(f.get('eval/accept_rate/1'), None, 3)} | {fmt_ci(f.get('train_wall_s'), None, 0)} |")
     return out
 
 
@@ -55,9 +61,9 @@ def eval_table(ev: Mapping) -> List[str]:
     for name, e in ev["drafters"].items():
         r = e.get("result") or {}
         m, s, g = r.get("macro") or {}, r.get("speed") or {}, r.get("greedy_check") or {}
-        out.append(f"| {name} | {_f(m.get('tau'), '.2f')}{_ci(m.get('tau_ci95'), '.2f')} | "
-                   f"{_f(m.get('speedup'), '.2f')}{_ci(m.get('speedup_ci95'), '.2f')} | {_f(s.get('draft_ms'), '.1f')} | "
-                   f"{_f(s.get('verify_ms'), '.1f')} | {_f(s.get('plain_decode_ms_per_token'), '.1f')} | "
+        out.append(f"| {name} | {fmt_ci(m.get('tau'), m.get('tau_ci95'), 2)} | "
+                   f"{fmt_ci(m.get('speedup'), m.get('speedup_ci95'), 2)} | {fmt_ci(s.get('draft_ms'), None, 1)} | "
+                   f"{fmt_ci(s.get('verify_ms'), None, 1)} | {fmt_ci(s.get('plain_decode_ms_per_token'), None, 1)} | "
                    + (f"{g.get('matched')}/{g.get('compared')} |" if g else "– |"))
     return out
 
@@ -65,8 +71,7 @@ def eval_table(ev: Mapping) -> List[str]:
 def ratio_rows(curve: Mapping, ev: Mapping) -> Tuple[List[str], List[str]]:
     """The goal table and one verdict line per DSpark head and baseline."""
     held = {n: (_final(e) or {}).get("eval/expected_tau") for n, e in curve["drafters"].items()}
-    rows = ["| ratio | held-out E[τ] | eval macro τ [95% paired CI] | goal | held-out | eval |",
-            "|---|---:|---|---:|---|---|"]
+    rows = list(RATIO_HEADER)
     lines = []
     for ds, ds_name in DSPARK_LABELS.items():
         for other, goal in GOALS.items():
@@ -75,10 +80,9 @@ def ratio_rows(curve: Mapping, ev: Mapping) -> Tuple[List[str], List[str]]:
             h = held[ds] / held[other] if held[ds] and held[other] else None
             r = (ev.get("ratios") or {}).get(f"{ds}/{other}") or {}
             e = r.get("ratio")
-            rows.append(f"| {ds_name} / {other} | {_f(h)} | {_f(e)}{_ci(r.get('ratio_ci95'))} | {goal:.2f} | "
-                        f"{_verdict(h, goal)} | {_verdict(e, goal)} |")
-            lines.append(f"- {ds_name} / {other} ≥ {goal:.2f}: held-out {_f(h)} ({_verdict(h, goal)}), "
-                         f"eval {_f(e)}{_ci(r.get('ratio_ci95'))} ({_verdict(e, goal)})")
+            rows.append(_ratio_row(f"{ds_name} / {other}", h, r, goal))
+            lines.append(f"- {ds_name} / {other} ≥ {goal:.2f}: held-out {fmt_ci(h, None, 3)} ({_verdict(h, goal)}), "
+                         f"eval {fmt_ci(e, r.get('ratio_ci95'), 3)} ({_verdict(e, goal)})")
     for other in GOALS:   # the ordering itself, from the eval's paired intervals of every DSpark head
         cis = [((ev.get("ratios") or {}).get(f"{ds}/{other}") or {}).get("ratio_ci95") for ds in DSPARK_LABELS]
         cis = [c for c in cis if c]
@@ -124,10 +128,10 @@ def variant_rows(base_rec: Mapping, variants: Sequence[Tuple[Mapping, str, str]]
         s = common[-1]
         v, b = vc[s], bc[s]
         out.append(f"| {name} ({rec.get('args', {}).get('label', '')}) | {change_of(base_rec, base, rec, entry)} | {s} | "
-                   f"{_f(v['eval/expected_tau'])} ({_f(v.get('eval/accept_rate/1'))}) | "
-                   f"{_f(b['eval/expected_tau'])} ({_f(b.get('eval/accept_rate/1'))}) | "
+                   f"{fmt_ci(v['eval/expected_tau'], None, 3)} ({fmt_ci(v.get('eval/accept_rate/1'), None, 3)}) | "
+                   f"{fmt_ci(b['eval/expected_tau'], None, 3)} ({fmt_ci(b.get('eval/accept_rate/1'), None, 3)}) | "
                    f"{v['eval/expected_tau'] - b['eval/expected_tau']:+.3f} | "
-                   f"{_f(v.get('train_wall_s'), '.0f')} ({_f(b.get('train_wall_s'), '.0f')}) |")
+                   f"{fmt_ci(v.get('train_wall_s'), None, 0)} ({fmt_ci(b.get('train_wall_s'), None, 0)}) |")
     return out
 
 
@@ -164,15 +168,13 @@ def paired_rows(ev: Mapping, held: Mapping[str, dict]) -> List[str]:
     paper's margin where a DSpark run is divided by a DFlash or an Eagle3 run."""
     algo = {n: e.get("algorithm") for n, e in ev["drafters"].items()}
     run = {n: _run_key(e["run_dir"]) for n, e in ev["drafters"].items() if e.get("run_dir")}
-    out = ["| ratio | held-out E[τ] | eval macro τ [95% paired CI] | goal | held-out | eval |",
-           "|---|---:|---|---:|---|---|"]
+    out = list(RATIO_HEADER)
     for pair, r in (ev.get("ratios") or {}).items():
         a, b = pair.split("/")
         ha, hb = ((held.get(run.get(x, "")) or {}).get("eval/expected_tau") for x in (a, b))
         h = ha / hb if ha and hb else None
         goal = GOALS.get(algo.get(b)) if algo.get(a) == "dspark" else None
-        out.append(f"| {a} / {b} | {_f(h)} | {_f(r.get('ratio'))}{_ci(r.get('ratio_ci95'))} | "
-                   + (f"{goal:.2f} | {_verdict(h, goal)} | {_verdict(r.get('ratio'), goal)} |" if goal else "– | – | – |"))
+        out.append(_ratio_row(f"{a} / {b}", h, r, goal))
     return out
 
 
