@@ -40,6 +40,10 @@ class DraftConfig:
     # DSpark sequential head: none | markov | rnn.
     sequential_head: str = "markov"
     head_rank: int = 256
+    # W1 of the sequential (and confidence) head: table = a learned V×head_rank table (the paper);
+    # target = ablation, not part of the paper: the target's frozen token embedding through a learned
+    # hidden×head_rank map (saves (V − hidden)·head_rank parameters; not exportable to the engines).
+    head_embedding: str = "table"
     confidence_head: bool = True
     # Token id used for the mask slots; None = tokenizer pad/unk/eos in that order.
     mask_token_id: Optional[int] = None

@@ -83,7 +83,12 @@ class ParallelDrafter(Drafter):
         self.norm = RMSNorm(D, dims.rms_eps)
         self.out_proj = nn.Linear(D, Ht, bias=False) if D != Ht else None
         init_linear_weights(self)
-        self.head = build_sequential_head(cfg.sequential_head, self.vocab_size, D, cfg.head_rank, self.out_vocab)
+        if cfg.head_embedding not in ("table", "target"):
+            raise ValueError(f"draft.head_embedding={cfg.head_embedding!r}: choose table or target")
+        factored = cfg.head_embedding == "target"
+        self.head = build_sequential_head(cfg.sequential_head, self.vocab_size, D, cfg.head_rank, self.out_vocab,
+                                          token_embed=self.embed if factored else None,
+                                          embed_dim=Ht if factored else None)
         self.conf_head = None
         if cfg.confidence_head:
             self.conf_head = ConfidenceHead(D, cfg.head_rank, None if self.head is not None else self.vocab_size)

@@ -108,6 +108,8 @@ UNREPRESENTABLE = {
                         "target's features only as extra keys/values",
     r"context\.(mlp|mlp_norm)\..+": "the context-MLP ablation (draft.context_mlp=true): the engines project the "
                                     "target's features with one linear map and a norm",
+    r"head\.w1_proj\.weight": "a factored sequential-head embedding (draft.head_embedding=target): the engines' "
+                              "Markov head reads its own token-embedding table",
     r"conf_head\.w1\.weight": "a confidence head with its own token embedding (there is no sequential head to "
                               "share one with): the engines' confidence head reads the Markov head's embedding "
                               "or the hidden state alone",

@@ -11,6 +11,8 @@ from deepspec.drafts import DraftTargetMismatchError, Drafter, build_drafter, lo
 CFGS = {
     "dspark_rnn": DraftConfig(algorithm="dspark", gamma=3, num_layers=2, sequential_head="rnn", head_rank=8,
                               mask_token_id=7, loss=LossConfig(position_decay=2.5, chunk_size=5)),
+    "dspark_markov_target_embed": DraftConfig(algorithm="dspark", gamma=3, num_layers=1, head_rank=8,
+                                              head_embedding="target"),
     "dflash": DraftConfig(algorithm="dflash", gamma=3, num_layers=1, hidden_size=32, num_attention_heads=2,
                           num_key_value_heads=1, intermediate_size=40),
     "eagle3": DraftConfig(algorithm="eagle3", gamma=3, num_layers=1, ttt_steps=2),

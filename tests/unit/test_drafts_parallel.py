@@ -14,6 +14,8 @@ ALGOS = {
     "dflash_anchor_feature": dict(algorithm="dflash", anchor_feature=True),
     # the context-encoder ablation (draft.context_mlp): a residual MLP over each context position
     "dspark_context_mlp": dict(algorithm="dspark", sequential_head="rnn", context_mlp=True),
+    # the factored head embedding (draft.head_embedding=target): W1[x] = P·E_target[x]
+    "dspark_markov_target_embed": dict(algorithm="dspark", sequential_head="markov", head_embedding="target"),
 }
 
 
@@ -70,6 +72,11 @@ def test_forward_shapes_metrics_and_frozen_target(tiny_target, name):
     assert (d.anchor_proj is not None) == ("anchor_feature" in name)
     if d.anchor_proj is not None:
         assert d.anchor_proj.fc.weight.grad.abs().sum() > 0
+    if d.head is not None:   # the factored W1 owns no V×r table, only its map, and that map is trained
+        assert (d.head.w1 is None) == ("target_embed" in name)
+        if d.head.w1_proj is not None:
+            assert d.head.w1_proj.weight.grad.abs().sum() > 0
+            assert not any(k.startswith("head.w1.") for k in d.state_dict())
     assert (d.context.mlp is not None) == ("context_mlp" in name)
     if d.context.mlp is not None:
         assert d.context.mlp.down_proj.weight.grad.abs().sum() > 0
@@ -172,7 +179,8 @@ def test_loss_and_metrics_by_hand(tiny_llama):
     assert m["expected_tau"] == pytest.approx(tau, abs=1e-5)
 
 
-@pytest.mark.parametrize("name", ["dflash", "dspark_rnn", "dflash_anchor_feature", "dspark_context_mlp"])
+@pytest.mark.parametrize("name", ["dflash", "dspark_rnn", "dflash_anchor_feature", "dspark_context_mlp",
+                                  "dspark_markov_target_embed"])
 def test_chunked_equals_unchunked(tiny_llama, name):
     t = tiny_llama
     results = []

@@ -111,6 +111,7 @@ def test_parameter_table_refuses_unknown_and_flags_unrepresentable():
                                    "context.mlp_norm.weight"])
     assert set(ctx) == {"context.mlp.up_proj.weight", "context.mlp_norm.weight"}   # the published map is exportable
     assert "context_mlp" in ctx["context.mlp.up_proj.weight"]
+    assert "head_embedding" in mapping.unrepresentable(["head.w1_proj.weight"])["head.w1_proj.weight"]
 
 
 def test_target_flag_values_become_hydra_overrides():
