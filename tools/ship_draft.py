@@ -7,7 +7,7 @@
 Loads the run's checkpoint (the newest complete one by default) with the project's loaders against the
 run's target (``RUN_DIR/run.yaml``, loaded on the CPU), casts the trained weights to bfloat16 and
 writes ``config.json`` + ``model.safetensors`` (`save_pretrained`), ``provenance.json`` and a
-``README.md`` model card into a temporary directory beside ``deepspec/shipped/NAME``; the result is
+``README.md`` model card (and, with ``--calibration``, the draft's ``calibration.json``) into a temporary directory beside ``deepspec/shipped/NAME``; the result is
 loaded back and compared with the cast weights, then it replaces ``NAME`` (`deepspec.utils.fs.atomic_dir`).
 Refuses, changing nothing, when RUN_DIR has no complete checkpoint, when NAME is not a plain directory
 name, when an ``--eval-check`` did not decode this draft, or when everything under the shipped root
@@ -33,8 +33,8 @@ from deepspec.errors import DeepSpecError  # noqa: E402
 from deepspec.paths import SHIPPED_DIR, SHIPPED_FOR_TARGET  # noqa: E402
 from deepspec.train.checkpoint import (is_complete, latest_checkpoint, list_checkpoints,  # noqa: E402
                                        run_config_path)
-from tools.ship_record import (ShipError, data_stats, display, eval_check, heldout_rows, heldout_split,  # noqa: E402
-                               model_card, provenance, trained_on)
+from tools.ship_record import (ShipError, calibration_record, data_stats, display, eval_check,  # noqa: E402
+                               heldout_rows, heldout_split, model_card, provenance, trained_on)
 
 BUDGET_MB = 25.0
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -115,6 +115,10 @@ def ship(args: argparse.Namespace, argv: Sequence[str]) -> Path:
     check = None
     if args.eval_check:
         check = eval_check(Path(args.eval_check), ck, raw, weights, target.fingerprint())
+    cal_file = Path(args.calibration) if args.calibration else None
+    if cal_file is not None and cal_file.is_dir():
+        cal_file = cal_file / "calibration.json"
+    calib = calibration_record(cal_file, int(cfg.draft.gamma)) if cal_file is not None else None
 
     data = data_stats(cfg, run_dir, target)
     split, scored = heldout_split(cfg, data, meta)
@@ -142,7 +146,9 @@ def ship(args: argparse.Namespace, argv: Sequence[str]) -> Path:
                           command=args.command, ship_command=shlex.join(["python", "tools/ship_draft.py", *argv]),
                           run_dir=run_dir, checkpoint=ck, meta=meta, draft_config=saved["draft"], data=data,
                           data_note=args.data_note, preparation=args.preparation, heldout=rows, split=split,
-                          trained=trained_on(run_dir, meta), check=check)
+                          trained=trained_on(run_dir, meta), check=check, calibration=calib)
+        if calib is not None:   # policies read {checkpoint}/calibration.json by default
+            shutil.copyfile(cal_file, tmp / "calibration.json")
         (tmp / "provenance.json").write_text(json.dumps(prov, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         card = model_card(prov, train_cfg=cfg.train, weights_bytes=(tmp / "model.safetensors").stat().st_size,
                           heldout_sequences=scored, load_hint=load_hint, notes=args.card_note)
@@ -179,6 +185,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--preparation", nargs="*", default=[], help="the commands that prepared the data, in order")
     p.add_argument("--eval-check", help="results.json of a greedy `deepspec eval` of this checkpoint (or of the "
                                         "shipped bf16 weights): its τ, prompts and losslessness are recorded")
+    p.add_argument("--calibration", help="calibration.json that `deepspec calibrate` fitted on rollouts of this draft "
+                                         "(held-out prompts, not the eval benchmarks): shipped beside the weights, "
+                                         "where the threshold and scheduler policies find it")
     p.add_argument("--target-note", help="how the target is described (default: its config name and path)")
     p.add_argument("--card-note", action="append", default=[], help="an extra line for the model card (repeatable)")
     p.add_argument("--shipped-root", default=str(SHIPPED_DIR),

@@ -168,11 +168,31 @@ def eval_check(results: Path, checkpoint: Path, raw: Mapping[str, torch.Tensor],
             "speedup": finite((res.get("speed") or {}).get("speedup")), "device": setup.get("device")}
 
 
+# -- the calibration -----------------------------------------------------------------------------
+def calibration_record(path: Path, gamma: int) -> Dict[str, Any]:
+    """What provenance.json says about a shipped calibration.json: where it came from and how well it fits."""
+    from deepspec.schedule.calibration import Calibration
+    try:
+        cal = Calibration.load(path)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ShipError(f"{path}: not a calibration.json written by `deepspec calibrate` ({type(e).__name__}: {e})") from None
+    if cal.gamma != gamma or len(cal.temperatures) != gamma:
+        raise ShipError(f"{path}: calibrated for γ = {cal.gamma} ({len(cal.temperatures)} temperatures), "
+                        f"the draft proposes γ = {gamma}")
+    if cal.meta.get("synthetic"):
+        raise ShipError(f"{path}: fitted on synthetic rollouts; ship a calibration fitted on this draft's own rollouts")
+    return {"source": display(path), "rollouts": cal.meta.get("rollouts"), "requests": cal.meta.get("n_requests"),
+            "rounds": cal.n_rounds, "temperatures": [round(float(t), 4) for t in cal.temperatures],
+            "ece_before": finite(cal.ece_before[0]) if cal.ece_before else None,
+            "ece_after": finite(cal.ece_after[0]) if cal.ece_after else None}
+
+
 # -- provenance.json -----------------------------------------------------------------------------
 def provenance(*, name: str, target_note: str, command: str, ship_command: str, run_dir: Path, checkpoint: Path,
                meta: Mapping[str, Any], draft_config: Mapping[str, Any], data: Mapping[str, Any], data_note: str,
                preparation: Sequence[str], heldout: Sequence[Mapping[str, Any]], split: str, trained: str,
-               check: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
+               check: Optional[Mapping[str, Any]],
+               calibration: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
     """The record of a shipped draft (the keys of the first, hand-made one, plus ``ship_command`` and
     ``data.regen_sha256``).  ``commit`` and ``machine`` are the checkout and machine that ran the tool;
     ``machine.trained_on`` is where the run trained (its train.log and checkpoint)."""
@@ -191,6 +211,7 @@ def provenance(*, name: str, target_note: str, command: str, ship_command: str, 
         "heldout_curve": [{k: r[k] for k in ("step", *CURVE_KEYS) if k in r} for r in heldout],
         "heldout_split": split,
         "eval_check": dict(check) if check else None,
+        "calibration": dict(calibration) if calibration else None,
     }
 
 
@@ -204,6 +225,8 @@ def describe_draft(c: Mapping[str, Any]) -> str:
         arch = "parallel drafter"
         if c.get("sequential_head") not in (None, "none"):
             arch += f" + {str(c['sequential_head']).capitalize()} head rank {c.get('head_rank')}"
+            if c.get("head_embedding") == "target":
+                arch += " (W1 over the target's embedding)"
         parts = [arch + (" + confidence head" if c.get("confidence_head") else "")]
     n = int(c.get("num_layers") or 0)
     parts += [f"{n} layer{'s' if n != 1 else ''}", f"γ {c.get('gamma')}"]
@@ -252,6 +275,13 @@ def model_card(prov: Mapping[str, Any], *, train_cfg, weights_bytes: int, heldou
                        f"{speed};")
     else:
         bullets.append("no decoding check recorded (`tools/ship_draft.py --eval-check` records one);")
+    c = prov.get("calibration")
+    if c:
+        ece = (f"; position-1 ECE {c['ece_before']:.3f} → {c['ece_after']:.3f}"
+               if c.get("ece_before") is not None and c.get("ece_after") is not None else "")
+        bullets.append(f"`calibration.json`: Sequential Temperature Scaling fitted by `deepspec calibrate` on "
+                       f"{c['rounds']:,} verification rounds of {c.get('requests') or '?'} requests "
+                       f"(`{c.get('rollouts')}`){ece}; `schedule.policy=threshold|scheduler` apply it;")
     bullets += list(notes)
     outro = (f"Load it with {load_hint}. Shipped with `tools/ship_draft.py` (the exact command is `ship_command` "
              "in `provenance.json`); run it again on a newer run to replace this draft.")

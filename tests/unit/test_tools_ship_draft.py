@@ -19,7 +19,7 @@ if str(REPO) not in sys.path:
 from tools import ship_draft  # noqa: E402
 
 REQUIRED = ("name", "target", "shipped", "commit", "command", "run_dir", "checkpoint", "steps", "config", "data",
-            "machine", "weights_dtype", "heldout", "heldout_curve", "heldout_split", "eval_check")
+            "machine", "weights_dtype", "heldout", "heldout_curve", "heldout_split", "eval_check", "calibration")
 
 
 def _overrides(tmp: Path):
@@ -236,3 +236,45 @@ def test_an_online_run_reports_the_same_data_as_the_cache_of_its_conversations(r
     assert "of the online data" in prov["heldout_split"] and "regen_sha256" not in prov["data"]
     assert prov["heldout_split"].split(": ")[-1] == ref["heldout_split"].split(": ")[-1]
     assert (prov["checkpoint"], [r["step"] for r in prov["heldout_curve"]]) == ("step_1", [1])
+
+
+def test_a_calibration_fitted_on_the_drafts_rollouts_ships_beside_it(run, eval_results, tmp_path, capsys):
+    from deepspec.config import config_from_yaml, to_object
+    from deepspec.drafts import load_drafter
+    from deepspec.schedule.calibrate import run as calibrate
+    from deepspec.schedule.calibration import Calibration, find_calibration
+    from deepspec.schedule.rollouts import synthetic_rollouts, write_rollouts
+    from omegaconf import OmegaConf
+    tmp, run_dir, target = run
+    rollouts = eval_results.parent / "rollouts.jsonl"
+    cfg = config_from_yaml(run_dir / "run.yaml")
+    dots = [f"schedule.rollouts={rollouts}", f"eval.out_dir={tmp_path / 'cal'}"]
+    calibrate(to_object(OmegaConf.merge(OmegaConf.structured(cfg), OmegaConf.from_dotlist(dots))))
+    fitted = tmp_path / "cal" / "calibration" / "calibration.json"
+    root = tmp_path / "shipped"
+    assert _ship(run_dir, root, "--calibration", str(fitted)) == 0, capsys.readouterr().err
+    out = root / "tiny-dspark"
+    assert (out / "calibration.json").read_bytes() == fitted.read_bytes()
+    assert find_calibration(out).temperatures == Calibration.load(fitted).temperatures   # where policies look
+    load_drafter(out, target)                                                            # still a loadable draft
+    rec = json.loads((out / "provenance.json").read_text())["calibration"]
+    assert rec["rollouts"] == str(rollouts) and rec["rounds"] == Calibration.load(fitted).n_rounds > 0
+    assert len(rec["temperatures"]) == 3 and "calibration.json" in (out / "README.md").read_text()
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    capsys.readouterr()
+
+    # refused, changing nothing: another γ, synthetic rollouts, not a calibration file
+    other = Calibration.load(fitted)
+    other.gamma, other.temperatures = 5, [1.0] * 5
+    other.save(tmp_path / "g5.json")
+    assert _ship(run_dir, root, "--calibration", str(tmp_path / "g5.json")) == 2
+    assert f"{tmp_path / 'g5.json'}: calibrated for γ = 5" in capsys.readouterr().err
+    write_rollouts(tmp_path / "syn.jsonl", synthetic_rollouts(n_requests=4, gamma=3, seed=0))
+    calibrate(to_object(OmegaConf.merge(OmegaConf.structured(cfg), OmegaConf.from_dotlist(
+        [f"schedule.rollouts={tmp_path / 'syn.jsonl'}", f"eval.out_dir={tmp_path / 'syn'}"]))))
+    assert _ship(run_dir, root, "--calibration", str(tmp_path / "syn" / "calibration")) == 2
+    assert "synthetic rollouts" in capsys.readouterr().err
+    (tmp_path / "junk.json").write_text("[1, 2]")
+    assert _ship(run_dir, root, "--calibration", str(tmp_path / "junk.json")) == 2
+    assert f"{tmp_path / 'junk.json'}: not a calibration.json" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
