@@ -179,7 +179,9 @@ def paired_rows(ev: Mapping, held: Mapping[str, dict]) -> List[str]:
 
 
 def render_converged(results: Path, label: str = "converge",
-                     variant_labels: Sequence[str] = ("converge_L3", "converge_a128", "converge_ctx", "converge_e3engine")) -> List[str]:
+                     variant_labels: Sequence[str] = ("converge_L3", "converge_a128", "converge_ctx", "converge_e3engine",
+                                                      "converge_r64", "converge_w1emb", "converge_w1emb_markov")
+                     ) -> List[str]:
     cp, ep = results / f"learning_curve-{label}.json", results / f"eval_drafters-{label}.json"
     if not (cp.is_file() and ep.is_file()):
         return []

@@ -165,7 +165,8 @@ def eval_check(results: Path, checkpoint: Path, raw: Mapping[str, torch.Tensor],
             "prompts": overall.get("requests"), "max_new_tokens": setup.get("max_new_tokens"),
             "greedy_identical_to_target": f"{gc['matched']}/{gc['compared']}",
             "tau_greedy": finite(overall.get("tau")), "tau_greedy_pooled": finite((res.get("pooled") or {}).get("tau")),
-            "speedup": finite((res.get("speed") or {}).get("speedup")), "device": setup.get("device")}
+            "speedup": finite((res.get("speed") or {}).get("speedup")), "device": setup.get("device"),
+            "dtype": setup.get("dtype"), "policy": setup.get("policy")}
 
 
 # -- the calibration -----------------------------------------------------------------------------
@@ -271,8 +272,10 @@ def model_card(prov: Mapping[str, Any], *, train_cfg, weights_bytes: int, heldou
         speed = f"; speed-up over plain decoding there {e['speedup']:.2f}×" if e.get("speedup") else ""
         bullets.append(f"{tau} on {n} prompt{'s' if n != 1 else ''} ({', '.join(e['benchmarks'])}; at most "
                        f"{e['max_new_tokens']} new tokens), output identical to the target's on "
-                       f"{e['greedy_identical_to_target']}: `deepspec eval` on {e['device']} with {e['evaluated']}"
-                       f"{speed};")
+                       f"{e['greedy_identical_to_target']}: `deepspec eval` on {e['device']}"
+                       + (f" (target {str(e['dtype']).replace('torch.', '')}, {e.get('policy') or 'fixed'} verification)"
+                          if e.get("dtype") else "")
+                       + f" with {e['evaluated']}{speed};")
     else:
         bullets.append("no decoding check recorded (`tools/ship_draft.py --eval-check` records one);")
     c = prov.get("calibration")

@@ -34,7 +34,8 @@ class ScheduleConfig:
     threshold: Optional[float] = None
     # calibration.json to apply; None = {eval.checkpoint}/calibration.json if present.
     calibration: Optional[str] = None
-    # Per-step cost independent of B added to 1/SPS(B) (seconds; e.g. the draft forward).
-    draft_overhead_s: float = 0.0
+    # Per-step cost independent of B added to 1/SPS(B) (seconds; e.g. the draft forward).  None = eval
+    # measures it: the median draft time (propose + advance) per round of its warm-up generation.
+    draft_overhead_s: Optional[float] = None
     # Cap on target batch tokens per step for the scheduler (None = no cap).
     max_batch_tokens: Optional[int] = None

@@ -21,6 +21,7 @@ import json
 import logging
 import math
 import os
+import statistics
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -247,9 +248,13 @@ def evaluate(target, drafter, benchmarks: Mapping[str, Sequence[Sample]], *, gam
         first = next(s for ss in benchmarks.values() for s in ss)
         ids = encode_prompt(tok, [{"role": "user", "content": first.turns[0]}], **kw)
         n = min(8, max_new_tokens)
-        speculative_generate(target, drafter, ids, gamma=gamma, max_new_tokens=n, warp=warp,
-                             generator=request_generator(target.device, seed, "warmup"),
-                             eos_token_ids=eos, policy=policy)
+        warm = speculative_generate(target, drafter, ids, gamma=gamma, max_new_tokens=n, warp=warp,
+                                    generator=request_generator(target.device, seed, "warmup"),
+                                    eos_token_ids=eos, policy=policy)
+        if policy is not None and hasattr(policy, "overhead_s") and policy.overhead_s is None and warm.rounds:
+            policy.overhead_s = statistics.median(r.t_draft for r in warm.rounds)
+            log.info("eval: scheduler draft overhead %.1f ms per round (median of %d warm-up rounds)",
+                     1e3 * policy.overhead_s, len(warm.rounds))
         if measure_baseline:
             target_generate(target, ids, max_new_tokens=n, warp=warp,
                             generator=request_generator(target.device, seed, "warmup"), eos_token_ids=eos)
@@ -381,6 +386,8 @@ def run(cfg) -> Dict[str, Any]:
                         "policy": getattr(policy, "name", type(policy).__name__), "warp": warp.describe(),
                         "max_new_tokens": ec.max_new_tokens, "max_samples": ec.max_samples,
                         "multi_turn": ec.multi_turn, "device": str(target.device), "dtype": str(target.dtype)}
+    if hasattr(policy, "overhead_s"):
+        summary["setup"]["draft_overhead_s"] = policy.overhead_s
     summary["files"] = {"report": "report.md", "results": "results.json", "rollouts": ROLLOUTS_FILENAME,
                         "samples": "samples.jsonl", "config": "resolved_config.yaml"}
     plots = make_plots(out, summary)

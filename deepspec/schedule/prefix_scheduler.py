@@ -221,17 +221,18 @@ class PrefixSchedulerPolicy(_CalibratedPolicy):
     (`SPSGrid`: each step is priced with the curve for its number of requests R)."""
 
     def __init__(self, sps_table: Union[SPSTable, SPSGrid, SPSFn], calibration: Optional[Calibration] = None,
-                 overhead_s: float = 0.0, max_batch_tokens: Optional[int] = None, name: str = "scheduler"):
+                 overhead_s: Optional[float] = 0.0, max_batch_tokens: Optional[int] = None, name: str = "scheduler"):
         super().__init__(calibration)
         self.sps_table = sps_table
-        self.overhead_s = float(overhead_s)
+        # None = not known yet: eval measures it (the draft time per round of its warm-up); 0 until then
+        self.overhead_s = None if overhead_s is None else float(overhead_s)
         self.max_batch_tokens = max_batch_tokens
         self.name = name
         self.last: Optional[ScheduleResult] = None
 
     def lengths(self, confidences) -> List[int]:
         a = self.survival(confidences)
-        self.last = schedule_prefix(a, cost_at(self.sps_table, a.shape[0]), overhead_s=self.overhead_s,
+        self.last = schedule_prefix(a, cost_at(self.sps_table, a.shape[0]), overhead_s=self.overhead_s or 0.0,
                                     max_batch_tokens=self.max_batch_tokens)
         return self.last.lengths.tolist()
 
@@ -242,7 +243,7 @@ def verify_lengths(confidences, policy: ConfidencePolicy) -> List[int]:
 
 
 def make_policy(kind: str, *, calibration: Optional[Calibration] = None, threshold: Optional[float] = None,
-                sps_table: Optional[Union[SPSTable, SPSGrid, SPSFn]] = None, overhead_s: float = 0.0,
+                sps_table: Optional[Union[SPSTable, SPSGrid, SPSFn]] = None, overhead_s: Optional[float] = 0.0,
                 max_batch_tokens: Optional[int] = None, length: Optional[int] = None) -> ConfidencePolicy:
     """kind ∈ {"fixed", "threshold", "scheduler"}."""
     if kind == "fixed":

@@ -91,6 +91,29 @@ def test_eval_checkpoint_with_calibration_and_threshold(tmp_path, eval_data_dir)
     assert all(0 <= r["accepted"] <= r["proposed"] <= 3 for r in rolls)
 
 
+def test_eval_scheduler_profiles_here_and_measures_the_draft_overhead(tmp_path, eval_data_dir):
+    """`schedule.policy=scheduler` with neither a cost table nor a draft overhead: the target is profiled,
+    the overhead is the warm-up's draft time per round, and decoding stays lossless."""
+    from deepspec.eval.runner import run
+    torch.set_num_threads(1)
+    cfg = _cfg(tmp_path, eval_data_dir, "schedule.policy=scheduler", "schedule.profile_batch_sizes=[1,2,4]",
+               "schedule.profile_repeats=1", "schedule.profile_context_len=16", "eval.benchmarks=[gsm8k]",
+               f"eval.out_dir={tmp_path / 'ev3'}")
+    assert cfg.schedule.draft_overhead_s is None
+    run(cfg)
+    res = json.loads((tmp_path / "ev3" / "results.json").read_text())
+    assert res["setup"]["policy"] == "scheduler" and res["setup"]["draft_overhead_s"] > 0
+    assert res["greedy_check"]["matched"] == res["greedy_check"]["compared"] == 1
+    rolls = _read_jsonl(tmp_path / "ev3" / "rollouts.jsonl")
+    assert all(0 <= r["accepted"] <= r["proposed"] <= 3 for r in rolls)
+    # a configured overhead is used as given
+    cfg = _cfg(tmp_path, eval_data_dir, "schedule.policy=scheduler", "schedule.profile_batch_sizes=[1,2,4]",
+               "schedule.profile_repeats=1", "schedule.profile_context_len=16", "eval.benchmarks=[gsm8k]",
+               "schedule.draft_overhead_s=0.25", f"eval.out_dir={tmp_path / 'ev4'}")
+    run(cfg)
+    assert json.loads((tmp_path / "ev4" / "results.json").read_text())["setup"]["draft_overhead_s"] == 0.25
+
+
 def test_eval_oracle_reference_drafter_upper_bound(tmp_path, eval_data_dir):
     from deepspec.eval.runner import run
     torch.set_num_threads(1)

@@ -191,8 +191,10 @@ def test_eval_check_records_greedy_tau_and_refuses_another_checkpoints_eval(run,
     assert check["tau_greedy"] == res["overall"]["tau"] >= 1.0 and check["prompts"] == res["overall"]["requests"] == 1
     assert check["benchmarks"] == ["gsm8k"] and check["max_new_tokens"] == 8
     assert check["evaluated"] == "checkpoint step_2 in float32, before the bf16 cast"
+    assert (check["dtype"], check["policy"]) == (res["setup"]["dtype"], "fixed") == ("torch.float32", "fixed")
     card = (root / "tiny-dspark" / "README.md").read_text()
     assert f"greedy τ {res['overall']['tau']:.2f} on 1 prompt (gsm8k" in card
+    assert "(target float32, fixed verification)" in card
     capsys.readouterr()
     # the eval decoded step_2: it is no check of step_1
     assert _ship(run_dir, root, "--checkpoint", "step_1", "--eval-check", str(eval_results)) == 2
