@@ -59,6 +59,26 @@ def side_by_side(named: dict) -> str:
     return "\n".join(rows)
 
 
+def _verified(results: dict):
+    return ((results.get("speed") or {}).get("round_split") or {}).get("verified_tokens_per_round")
+
+
+def _eval_shipped(cfg: DeepSpecConfig, shipped: Path, name: str, scheduler: bool = False) -> dict:
+    """Eval of the shipped draft on the demo's prompts; ``scheduler``: the prefix scheduler (paper Alg. 1)
+    picks each round's verification length from the draft's calibrated confidences and SPS(B) profiled
+    here for B = 1..γ+1, with the draft's cost measured in the warm-up."""
+    c = copy.deepcopy(cfg)
+    c.eval.checkpoint = str(shipped)
+    c.eval.out_dir = str(eval_dir(cfg).parent / name)
+    if scheduler:
+        gamma = int(json.loads((shipped / "config.json").read_text())["draft"]["gamma"])
+        c.schedule.policy = "scheduler"
+        c.schedule.profile_batch_sizes = list(range(1, gamma + 2))
+        c.schedule.profile_mode = "flat"
+    run_eval(c)
+    return json.loads((Path(c.eval.out_dir) / "results.json").read_text())
+
+
 def run(cfg: DeepSpecConfig) -> int:
     t0 = time.perf_counter()
     save_config(cfg, run_dir(cfg))
@@ -78,13 +98,14 @@ def run(cfg: DeepSpecConfig) -> int:
     shipped = shipped_draft_dir(cfg.target.name)
     if shipped is not None:
         _banner(f"the shipped, longer-trained draft ({shipped.name}) on the same prompts")
-        ship_cfg = copy.deepcopy(cfg)
-        ship_cfg.eval.checkpoint = str(shipped)
-        ship_cfg.eval.out_dir = str(eval_dir(cfg).parent / "eval_shipped")
-        run_eval(ship_cfg)
-        ship = json.loads((Path(ship_cfg.eval.out_dir) / "results.json").read_text())
+        ship = _eval_shipped(cfg, shipped, "eval_shipped")
         print(tau_table(ship))
-        print("\n" + side_by_side({"trained just now": results, f"shipped ({shipped.name})": ship}))
+        _banner(f"{shipped.name} again, each round verifying only the prefix the scheduler picks "
+                "(its calibration, this machine's profiled step times)")
+        sched = _eval_shipped(cfg, shipped, "eval_shipped_scheduler", scheduler=True)
+        print(f"draft tokens verified per round: {_f(_verified(ship), '.1f')} → {_f(_verified(sched), '.1f')}")
+        print("\n" + side_by_side({"trained just now": results, f"shipped ({shipped.name})": ship,
+                                   f"shipped ({shipped.name}), scheduled verification": sched}))
     plots = sorted(p.name for p in (eval_dir(cfg) / "plots").glob("*.png")) if (eval_dir(cfg) / "plots").is_dir() else []
     print(f"\nreport: {eval_dir(cfg) / 'report.md'}\nplots:  {eval_dir(cfg) / 'plots'} ({', '.join(plots)})")
     print(f"checkpoint: {ckpt}\ndemo finished in {time.perf_counter() - t0:.0f} s")

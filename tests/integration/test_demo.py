@@ -46,6 +46,12 @@ def test_reduced_demo_end_to_end(tmp_path, reference_target_dir, eval_data_dir):
     assert "| shipped (smollm2-135m-dspark) |" in out and "| trained just now |" in out
     shipped = json.loads((report.parent.parent / "eval_shipped" / "results.json").read_text())
     assert shipped["greedy_check"]["matched"] == shipped["greedy_check"]["compared"]
+    # and once more with the scheduler choosing each round's verification length: still lossless
+    assert "| shipped (smollm2-135m-dspark), scheduled verification |" in out
+    sched = json.loads((report.parent.parent / "eval_shipped_scheduler" / "results.json").read_text())
+    assert sched["setup"]["policy"] == "scheduler" and sched["setup"]["draft_overhead_s"] > 0
+    assert sched["greedy_check"]["matched"] == sched["greedy_check"]["compared"]
+    assert sched["confidence"]["temperatures"]        # the calibration shipped beside the draft was applied
     assert (run_dir / "resolved_config.yaml").is_file() or list(run_dir.rglob("resolved_config.yaml"))
     ckpt_lines = [l for l in out.splitlines() if l.startswith("checkpoint:")]
     assert ckpt_lines and Path(ckpt_lines[0].split(":", 1)[1].strip()).exists()
