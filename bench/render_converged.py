@@ -102,6 +102,12 @@ def _setting(rec: Mapping, entry: Mapping) -> Tuple:
     return ov, layers, a.get("anchors")
 
 
+def _other_schedule(base_rec: Mapping, rec: Mapping) -> bool:
+    """Both records name their step count and the counts differ (a cosine schedule of another length)."""
+    bs, vs = (base_rec.get("args") or {}).get("steps"), (rec.get("args") or {}).get("steps")
+    return bs is not None and vs is not None and bs != vs
+
+
 def change_of(base_rec: Mapping, base: Mapping, rec: Mapping, entry: Mapping) -> str:
     """What a variant changes against its baseline: depth, anchors per sequence, draft overrides."""
     (bo, bl, ba), (vo, vl, va) = _setting(base_rec, base), _setting(rec, entry)
@@ -110,6 +116,8 @@ def change_of(base_rec: Mapping, base: Mapping, rec: Mapping, entry: Mapping) ->
         parts.append(f"{bl} → {vl} layers")
     if va != ba:
         parts.append(f"{ba} → {va} anchors per sequence")
+    if _other_schedule(base_rec, rec):
+        parts.append(f"{base_rec['args']['steps']} → {rec['args']['steps']} steps")
     parts += [f"`{o}`" for o in vo if o not in bo]
     parts += [f"without `{o}`" for o in bo if o not in vo]
     return ", ".join(parts) or "nothing"
@@ -122,11 +130,16 @@ def variant_rows(base_rec: Mapping, variants: Sequence[Tuple[Mapping, str, str]]
     for rec, name, base_name in variants:
         entry, base = rec["drafters"][name], base_rec["drafters"][base_name]
         vc, bc = _curve(entry), _curve(base)
-        common = sorted(set(vc) & set(bc))
-        if not common:
-            continue
-        s = common[-1]
-        v, b = vc[s], bc[s]
+        if _other_schedule(base_rec, rec):
+            if not (vc and bc):   # another schedule: each run's last evaluation, not a mid-schedule point
+                continue
+            s, v, b = f"{max(vc)} vs {max(bc)}", vc[max(vc)], bc[max(bc)]
+        else:
+            common = sorted(set(vc) & set(bc))
+            if not common:
+                continue
+            s = common[-1]
+            v, b = vc[s], bc[s]
         out.append(f"| {name} ({rec.get('args', {}).get('label', '')}) | {change_of(base_rec, base, rec, entry)} | {s} | "
                    f"{fmt_ci(v['eval/expected_tau'], None, 3)} ({fmt_ci(v.get('eval/accept_rate/1'), None, 3)}) | "
                    f"{fmt_ci(b['eval/expected_tau'], None, 3)} ({fmt_ci(b.get('eval/accept_rate/1'), None, 3)}) | "
@@ -180,7 +193,8 @@ def paired_rows(ev: Mapping, held: Mapping[str, dict]) -> List[str]:
 
 def render_converged(results: Path, label: str = "converge",
                      variant_labels: Sequence[str] = ("converge_L3", "converge_a128", "converge_ctx", "converge_e3engine",
-                                                      "converge_r64", "converge_w1emb", "converge_w1emb_markov")
+                                                      "converge_r64", "converge_w1emb", "converge_w1emb_markov",
+                                                      "converge_w1emb_2k", "converge_2k")
                      ) -> List[str]:
     cp, ep = results / f"learning_curve-{label}.json", results / f"eval_drafters-{label}.json"
     if not (cp.is_file() and ep.is_file()):
@@ -213,7 +227,8 @@ def render_converged(results: Path, label: str = "converge",
     if variants:
         out += ["### One change at a time against the converged run (held-out E[τ], same schedule)", "",
                 "Each variant is compared with the drafter of the run above that it changes, at the last step both "
-                "reached (a variant stopped early is compared at that step).", "",
+                "reached (a variant stopped early is compared at that step; a variant with a longer schedule at "
+                "each run's last step).", "",
                 *variant_rows(curve, variants), ""]
     vp = results / f"eval_drafters-{label}_variants.json"
     if vp.is_file():

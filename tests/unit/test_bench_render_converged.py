@@ -71,6 +71,18 @@ def test_variants_are_compared_at_the_last_step_both_reached(tmp_path, bench_mod
     assert "| dflash (converge_L3) | 1 → 3 layers | 100 | 1.000 (0.100) | 1.100 (0.100) | -0.100 |" in text
 
 
+def test_a_longer_schedule_is_compared_end_to_end(tmp_path, bench_module):
+    mod = bench_module("render_converged")
+    res, _ = _records(tmp_path)
+    long = {"args": {"steps": 400, "anchors": 32, "layers": 1, "label": "converge_2k"}, "drafters": {
+        "dflash": {"drafter": "dflash", "overrides": ["draft.num_layers=1"],
+                   "curve": _curve([(200, 1.20, 0.15), (400, 1.30, 0.21)])}}}
+    (res / "learning_curve-converge_2k.json").write_text(json.dumps(long))
+    text = "\n".join(mod.render_converged(res, variant_labels=("converge_2k",)))
+    # the baseline ends at 200 (1.25): the variant's end (1.30 at 400), not its mid-schedule 1.20 at 200
+    assert "| dflash (converge_2k) | 200 → 400 steps | 400 vs 200 | 1.300 (0.210) | 1.250 (0.200) | +0.050 |" in text
+
+
 def test_no_section_without_both_records(tmp_path, bench_module):
     mod = bench_module("render_converged")
     res, _ = _records(tmp_path)
