@@ -225,7 +225,8 @@ def describe_draft(c: Mapping[str, Any]) -> str:
     else:
         arch = "parallel drafter"
         if c.get("sequential_head") not in (None, "none"):
-            arch += f" + {str(c['sequential_head']).capitalize()} head rank {c.get('head_rank')}"
+            head = {"rnn": "RNN"}.get(str(c["sequential_head"]), str(c["sequential_head"]).capitalize())
+            arch += f" + {head} head rank {c.get('head_rank')}"
             if c.get("head_embedding") == "target":
                 arch += " (W1 over the target's embedding)"
         parts = [arch + (" + confidence head" if c.get("confidence_head") else "")]
