@@ -31,6 +31,7 @@ import torch  # noqa: E402
 
 from deepspec.errors import DeepSpecError  # noqa: E402
 from deepspec.paths import SHIPPED_DIR, SHIPPED_FOR_TARGET  # noqa: E402
+from deepspec.schedule.calibration import CALIBRATION_FILENAME  # noqa: E402
 from deepspec.train.checkpoint import (is_complete, latest_checkpoint, list_checkpoints,  # noqa: E402
                                        run_config_path)
 from tools.ship_record import (ShipError, calibration_record, data_stats, display, eval_check,  # noqa: E402
@@ -117,7 +118,7 @@ def ship(args: argparse.Namespace, argv: Sequence[str]) -> Path:
         check = eval_check(Path(args.eval_check), ck, raw, weights, target.fingerprint())
     cal_file = Path(args.calibration) if args.calibration else None
     if cal_file is not None and cal_file.is_dir():
-        cal_file = cal_file / "calibration.json"
+        cal_file = cal_file / CALIBRATION_FILENAME
     calib = calibration_record(cal_file, int(cfg.draft.gamma)) if cal_file is not None else None
 
     data = data_stats(cfg, run_dir, target)
@@ -148,7 +149,7 @@ def ship(args: argparse.Namespace, argv: Sequence[str]) -> Path:
                           data_note=args.data_note, preparation=args.preparation, heldout=rows, split=split,
                           trained=trained_on(run_dir, meta), check=check, calibration=calib)
         if calib is not None:   # policies read {checkpoint}/calibration.json by default
-            shutil.copyfile(cal_file, tmp / "calibration.json")
+            shutil.copyfile(cal_file, tmp / CALIBRATION_FILENAME)
         (tmp / "provenance.json").write_text(json.dumps(prov, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         card = model_card(prov, train_cfg=cfg.train, weights_bytes=(tmp / "model.safetensors").stat().st_size,
                           heldout_sequences=scored, load_hint=load_hint, notes=args.card_note)

@@ -251,7 +251,7 @@ def evaluate(target, drafter, benchmarks: Mapping[str, Sequence[Sample]], *, gam
         warm = speculative_generate(target, drafter, ids, gamma=gamma, max_new_tokens=n, warp=warp,
                                     generator=request_generator(target.device, seed, "warmup"),
                                     eos_token_ids=eos, policy=policy)
-        if policy is not None and hasattr(policy, "overhead_s") and policy.overhead_s is None and warm.rounds:
+        if getattr(policy, "overhead_s", 0.0) is None and warm.rounds:   # a scheduler whose draft cost is unset
             policy.overhead_s = statistics.median(r.t_draft for r in warm.rounds)
             log.info("eval: scheduler draft overhead %.1f ms per round (median of %d warm-up rounds)",
                      1e3 * policy.overhead_s, len(warm.rounds))
