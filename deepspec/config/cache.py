@@ -1,13 +1,16 @@
 """Hidden-state cache section (`cache=...`)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional
+from dataclasses import dataclass, field
+from typing import List, Optional
 
 
 @dataclass
 class CacheConfig:
     dir: Optional[str] = None
+    # Training reads these finished caches too, after `dir` (same target, layers and codec; disjoint
+    # sample ids), e.g. the cache of a second prepare run with data.start_sample.
+    extra_dirs: List[str] = field(default_factory=list)
     # bf16 (lossless) | fp8 | lowrank
     codec: str = "bf16"
     # bf16 byte layout before zstd: plain | planes | planes_cm (see docs/cache.md).

@@ -20,6 +20,9 @@ class DataConfig:
     # Stream the HF dataset instead of downloading it whole (useful with max_samples).
     hf_streaming: bool = False
     max_samples: Optional[int] = None
+    # Pass over this many good conversations first (counted, not kept): a later prepare extends an
+    # earlier one without redoing it, e.g. start_sample=1000 max_samples=2000 keeps conversations 1000..2999.
+    start_sample: int = 0
     # Held-out split fraction and the seed of the id hash.
     heldout_fraction: float = 0.02
     split_seed: int = 0

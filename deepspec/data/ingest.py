@@ -30,6 +30,7 @@ class IngestStats:
     kept: int = 0
     skipped: Counter = field(default_factory=Counter)   # reason -> count
     renamed_duplicates: int = 0   # repeated ids made unique with a '#k' suffix
+    passed_over: int = 0          # good conversations before data.start_sample (not kept, not errors)
     errors_path: Optional[str] = None
 
     @property
@@ -42,13 +43,16 @@ class IngestStats:
             s += " (" + ", ".join(f"{k}={v}" for k, v in sorted(self.skipped.items())) + ")"
         if self.renamed_duplicates:
             s += f", {self.renamed_duplicates} duplicate ids renamed"
+        if self.passed_over:
+            s += f", {self.passed_over} passed over before data.start_sample"
         if self.num_skipped and self.errors_path:
             s += f"; details in {self.errors_path}"
         return s
 
     def to_dict(self) -> Dict[str, Any]:
         return {"source": self.source, "records": self.records, "kept": self.kept,
-                "skipped": dict(self.skipped), "renamed_duplicates": self.renamed_duplicates}
+                "skipped": dict(self.skipped), "renamed_duplicates": self.renamed_duplicates,
+                "passed_over": self.passed_over}
 
 
 class ErrorFile:
@@ -108,8 +112,10 @@ def load_conversations(data_cfg, errors_path: Optional[str | os.PathLike] = None
                        on_error: Optional[str] = None) -> tuple[List[Conversation], IngestStats]:
     """Read ``data_cfg``'s source into conversations (input order, unique ids).
 
-    Stops after ``data.max_samples`` kept conversations.  Returns the conversations
-    and an `IngestStats`; skipped records go to ``errors_path`` (JSONL).
+    Passes over the first ``data.start_sample`` good conversations (their ids still count for
+    duplicate renaming, so a conversation gets the same id whatever the start), then stops after
+    ``data.max_samples`` kept ones.  Returns the conversations and an `IngestStats`; skipped
+    records go to ``errors_path`` (JSONL).
     """
     mode = on_error or data_cfg.on_error
     if mode not in ON_ERROR:
@@ -119,6 +125,9 @@ def load_conversations(data_cfg, errors_path: Optional[str | os.PathLike] = None
     out: List[Conversation] = []
     seen: Dict[str, int] = {}
     limit = data_cfg.max_samples
+    start = getattr(data_cfg, "start_sample", 0) or 0
+    if start < 0:
+        raise DataError(f"data.start_sample={start}: must be >= 0", reason="source")
     with ErrorFile(errors_path) as errf:
         def skip(err: DataError) -> None:
             stats.skipped[err.reason] += 1
@@ -154,6 +163,9 @@ def load_conversations(data_cfg, errors_path: Optional[str | os.PathLike] = None
                     n += 1
                 seen[conv.id] = 1
                 stats.renamed_duplicates += 1
+            if stats.passed_over < start:
+                stats.passed_over += 1
+                continue
             out.append(conv)
     stats.kept = len(out)
     return out, stats

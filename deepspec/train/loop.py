@@ -29,7 +29,7 @@ from typing import Dict, List, Optional
 import torch
 
 from deepspec import paths
-from deepspec.cache import CacheReader
+from deepspec.cache.union import open_caches
 from deepspec.config import to_object, to_yaml
 from deepspec.config.schema import DeepSpecConfig
 from deepspec.drafts import build_drafter
@@ -143,7 +143,10 @@ class Trainer:
         if not Path(cache_dir).is_dir():
             raise FileNotFoundError(f"no hidden-state cache at {cache_dir}: run `deepspec prepare` first, "
                                     "set cache.dir, or train online with data.online=true")
-        reader = CacheReader(cache_dir)
+        for k, d in enumerate(cfg.cache.extra_dirs):
+            if not Path(d).is_dir():
+                raise FileNotFoundError(f"cache.extra_dirs[{k}]={d}: no such cache directory")
+        reader = open_caches([cache_dir, *cfg.cache.extra_dirs])
         reader.validate(self.target)
         return CachedSequences(reader, cfg.train.max_length), None
 

@@ -84,8 +84,13 @@ def test_cached_and_online_training_follow_the_same_trajectory(cached):
     tmp, _, _ = cached
     run(load_config(overrides(tmp, run_dir=str(tmp / "from_cache"), **{"train.num_workers": 1})))  # reader in a worker
     run(load_config(overrides(tmp, run_dir=str(tmp / "online"), **{"data.online": True})))
-    rec = lambda d: [json.loads(x) for x in (tmp / d / "metrics.jsonl").read_text().splitlines()]
-    a, b = rec("from_cache"), rec("online")
+    _same_trajectory(tmp / "from_cache", tmp / "online")
+
+
+def _same_trajectory(run_a, run_b):
+    """Two 3-step runs logged the same steps, tokens and (within RTOL) train and held-out losses."""
+    rec = lambda d: [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
+    a, b = rec(run_a), rec(run_b)
     assert [r["step"] for r in a] == [r["step"] for r in b] == [1, 2, 3, 3]
     for x, y in zip(a, b):
         for k in ("train/loss", "eval/loss"):
@@ -148,3 +153,20 @@ def test_init_from_keeps_its_draft_vocabulary_and_logs_the_difference(cached, ca
     assert load_vocab(tmp / "vocab_init" / "draft_vocab.json", vocab_size=target.vocab_size).tolist() == ids.tolist()
     assert any("kept from draft.init_from" in r.getMessage() and "differ from the top-64" in r.getMessage()
                for r in caplog.records if r.levelno == logging.WARNING)
+
+
+def test_training_on_a_union_of_two_caches_equals_one_cache_of_both(cached):
+    """A second prepare's cache (cache.extra_dirs) extends the first: same samples, same order, same run."""
+    tmp, cfg, target = cached
+    lines = (tmp / "regen.jsonl").read_text().splitlines(keepends=True)
+    for name, part in (("a", lines[:12]), ("b", lines[12:])):
+        (tmp / f"regen_{name}.jsonl").write_text("".join(part))
+        build_cache(load_config(overrides(tmp, **{"data.regen_path": str(tmp / f"regen_{name}.jsonl"),
+                                                  "cache.dir": str(tmp / f"cache_{name}")})),
+                    target=target, progress=False)
+    union = {"cache.dir": str(tmp / "cache_a"), "cache.extra_dirs": f"[{tmp / 'cache_b'}]"}
+    run(load_config(overrides(tmp, run_dir=str(tmp / "union"), **union)))
+    run(load_config(overrides(tmp, run_dir=str(tmp / "whole"))))
+    _same_trajectory(tmp / "union", tmp / "whole")
+    with pytest.raises(FileNotFoundError, match=r"cache.extra_dirs\[0\]"):
+        run(load_config(overrides(tmp, run_dir=str(tmp / "missing"), **{"cache.extra_dirs": f"[{tmp / 'nope'}]"})))

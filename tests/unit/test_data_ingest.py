@@ -143,6 +143,23 @@ def test_max_samples_stops_early(tmp_path):
     assert len(convs) == 3 and st.records == 3
 
 
+def test_start_sample_extends_an_earlier_ingest(tmp_path):
+    # bad records and a repeated id in the passed-over part: the later part keeps the ids a full read gives
+    rows = [{"id": "d", "turns": ["0"]}, "{broken", {"id": "d", "turns": ["1"]}] + \
+        [{"turns": [str(i)]} for i in range(2, 8)] + [{"id": "d", "turns": ["8"]}]
+    p = _jsonl(tmp_path / "a.jsonl", rows)
+    full, _ = _load(p, on_error="skip")
+    first, _ = _load(p, on_error="skip", max_samples=4)
+    rest, st = _load(p, on_error="skip", start_sample=4)
+    assert [c.id for c in first + rest] == [c.id for c in full] and len(full) == 9
+    assert [c.id for c in rest][-1] == "d#2" and st.passed_over == 4 and st.kept == 5
+    assert "4 passed over before data.start_sample" in st.summary() and st.to_dict()["passed_over"] == 4
+    mid, _ = _load(p, on_error="skip", start_sample=2, max_samples=3)
+    assert [c.id for c in mid] == [c.id for c in full[2:5]]
+    with pytest.raises(DataError, match="data.start_sample=-1"):
+        _load(p, start_sample=-1)
+
+
 # -- errors ---------------------------------------------------------------------------------------
 BAD = [
     ("{not json", "invalid_json", "invalid JSON"),
