@@ -148,15 +148,27 @@ def variant_rows(base_rec: Mapping, variants: Sequence[Tuple[Mapping, str, str]]
     return out
 
 
+DATA_PREFIXES = ("cache.", "data.", "train.heldout")
+
+
+def data_key(rec: Mapping) -> Tuple[str, ...]:
+    """The overrides of a curve record that choose its training data or its held-out split: two runs'
+    held-out E[τ] compare only when these are equal."""
+    return tuple(sorted(o for o in (rec.get("args") or {}).get("extra") or [] if o.startswith(DATA_PREFIXES)))
+
+
 def find_variants(results: Path, base_rec: Mapping, labels: Sequence[str]) -> List[Tuple[Mapping, str, str]]:
     """Each variant of `learning_curve-<label>.json` paired with the baseline variant that runs the same
-    drafter class (the same `drafter` field); Eagle3 variants with Eagle3."""
+    drafter class (the same `drafter` field); Eagle3 variants with Eagle3.  A record trained on other data
+    (or another held-out split) is no one-change variant and is left out."""
     out = []
     for label in labels:
         p = results / f"learning_curve-{label}.json"
         if not p.is_file():
             continue
         rec = json.loads(p.read_text())
+        if data_key(rec) != data_key(base_rec):
+            continue
         for name, entry in rec["drafters"].items():
             base = next((n for n, b in base_rec["drafters"].items() if b.get("drafter") == entry.get("drafter")), None)
             if base is not None:
@@ -171,21 +183,23 @@ def _run_key(run_dir: str) -> str:
 
 
 def heldout_by_run(curve_records: Sequence[Mapping]) -> Dict[str, dict]:
-    return {_run_key(e["run_dir"]): f for rec in curve_records for e in rec["drafters"].values()
-            if e.get("run_dir") and (f := _final(e))}
+    """Final held-out point of every run with a curve, by run directory, with its record's `data_key`."""
+    return {_run_key(e["run_dir"]): {**f, "data": data_key(rec)} for rec in curve_records
+            for e in rec["drafters"].values() if e.get("run_dir") and (f := _final(e))}
 
 
 def paired_rows(ev: Mapping, held: Mapping[str, dict]) -> List[str]:
     """Every ratio of a combined eval record (`bench/eval_drafters.py --ratio`): the held-out E[τ] ratio of
-    the same two runs where their curves are recorded, the eval ratio with its paired interval, and the
-    paper's margin where a DSpark run is divided by a DFlash or an Eagle3 run."""
+    the same two runs where their curves are recorded on the same held-out split, the eval ratio with its
+    paired interval, and the paper's margin where a DSpark run is divided by a DFlash or an Eagle3 run."""
     algo = {n: e.get("algorithm") for n, e in ev["drafters"].items()}
     run = {n: _run_key(e["run_dir"]) for n, e in ev["drafters"].items() if e.get("run_dir")}
     out = list(RATIO_HEADER)
     for pair, r in (ev.get("ratios") or {}).items():
         a, b = pair.split("/")
-        ha, hb = ((held.get(run.get(x, "")) or {}).get("eval/expected_tau") for x in (a, b))
-        h = ha / hb if ha and hb else None
+        fa, fb = (held.get(run.get(x, "")) or {} for x in (a, b))
+        ha, hb = fa.get("eval/expected_tau"), fb.get("eval/expected_tau")
+        h = ha / hb if ha and hb and fa.get("data") == fb.get("data") else None
         goal = GOALS.get(algo.get(b)) if algo.get(a) == "dspark" else None
         out.append(_ratio_row(f"{a} / {b}", h, r, goal))
     return out
@@ -194,8 +208,8 @@ def paired_rows(ev: Mapping, held: Mapping[str, dict]) -> List[str]:
 def render_converged(results: Path, label: str = "converge",
                      variant_labels: Sequence[str] = ("converge_L3", "converge_a128", "converge_ctx", "converge_e3engine",
                                                       "converge_r64", "converge_w1emb", "converge_w1emb_markov",
-                                                      "converge_w1emb_2k", "converge_2k")
-                     ) -> List[str]:
+                                                      "converge_w1emb_2k", "converge_2k", "converge_e3engine_2k"),
+                     data_labels: Sequence[str] = ("converge_data3k",)) -> List[str]:
     cp, ep = results / f"learning_curve-{label}.json", results / f"eval_drafters-{label}.json"
     if not (cp.is_file() and ep.is_file()):
         return []
@@ -230,11 +244,21 @@ def render_converged(results: Path, label: str = "converge",
                 "reached (a variant stopped early is compared at that step; a variant with a longer schedule at "
                 "each run's last step).", "",
                 *variant_rows(curve, variants), ""]
+    data_recs = [(lab, json.loads(p.read_text())) for lab in data_labels
+                 if (p := results / f"learning_curve-{lab}.json").is_file()]
+    for lab, rec in data_recs:
+        ra = rec.get("args") or {}
+        out += [f"### Other training data: `{lab}` ({rec.get('date', '')})", "",
+                f"{ra.get('steps')} steps, {ra.get('anchors')} anchors per sequence, depth {ra.get('layers')}, with "
+                + ", ".join(f"`{o}`" for o in data_key(rec)) + ". Its held-out split is drawn from its own data, so "
+                "its held-out E[τ] compares with the runs above only through the eval prompts (paired rows below).",
+                "", *heldout_table(rec), ""]
     vp = results / f"eval_drafters-{label}_variants.json"
     if vp.is_file():
         vev = json.loads(vp.read_text())
-        held = heldout_by_run([curve, *{id(r): r for r, _, _ in variants}.values()])
+        held = heldout_by_run([curve, *{id(r): r for r, _, _ in variants}.values(), *(r for _, r in data_recs)])
         out += ["### The one-change runs in eval, paired with the converged drafters", "",
                 f"`{vp.relative_to(results.parent.parent)}` ({vev.get('date', '')}): the same prompts and settings; "
-                "held-out ratios from the runs' final held-out evaluations.", "", *paired_rows(vev, held), ""]
+                "held-out ratios from the runs' final held-out evaluations where both runs share a held-out split.",
+                "", *paired_rows(vev, held), ""]
     return out

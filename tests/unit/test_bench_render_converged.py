@@ -111,3 +111,32 @@ def test_paired_rows_join_eval_ratios_with_held_out_by_run_dir(tmp_path, bench_m
     # held-out 1.50 / 1.25 = 1.200 < 1.30 (not met), eval 1.31 >= 1.30 (met)
     assert "| dspark_rnn / eagle3_engine | 1.200 | 1.310 [1.280, 1.340] | 1.30 | not met | met |" in text
     assert "| eagle3 / eagle3_engine | 1.280 | 1.200 [1.100, 1.300] | – | – | – |" in text   # no goal between baselines
+
+
+def test_runs_on_other_data_are_no_variants_and_their_held_out_is_not_divided(tmp_path, bench_module):
+    mod = bench_module("render_converged")
+    res, curve = _records(tmp_path)
+    curve["args"]["extra"] = ["train.heldout_fraction=0.05"]
+    for name, e in curve["drafters"].items():
+        e["run_dir"] = f"bench/work/x/curve/converge/{name}-200"
+    more = {"date": "D4", "args": {"steps": 200, "anchors": 32, "layers": 1, "label": "converge_data3k",
+                                    "extra": ["train.heldout_fraction=0.05", "cache.extra_dirs=[/a,/b]"]},
+            "drafters": {n: {"drafter": curve["drafters"][n]["drafter"], "overrides": [],
+                             "run_dir": f"bench/work/x/curve/converge_data3k/{n}-200",
+                             "curve": _curve([(200, t, 0.4)])} for n, t in (("dspark_rnn", 1.80), ("dflash", 1.50))}}
+    (res / "learning_curve-converge.json").write_text(json.dumps(curve))
+    (res / "learning_curve-converge_data3k.json").write_text(json.dumps(more))
+    ev = {"date": "D5", "drafters": {
+        "dspark_rnn": {"algorithm": "dspark", "run_dir": "/abs/bench/work/x/curve/converge/dspark_rnn-200"},
+        "dspark_rnn_3k": {"algorithm": "dspark", "run_dir": "/abs/bench/work/x/curve/converge_data3k/dspark_rnn-200"},
+        "dflash_3k": {"algorithm": "dflash", "run_dir": "/abs/bench/work/x/curve/converge_data3k/dflash-200"}},
+        "ratios": {"dspark_rnn_3k/dflash_3k": {"ratio": 1.17, "ratio_ci95": [1.15, 1.19]},
+                   "dspark_rnn_3k/dspark_rnn": {"ratio": 1.08, "ratio_ci95": [1.05, 1.11]}}}
+    (res / "eval_drafters-converge_variants.json").write_text(json.dumps(ev))
+    text = "\n".join(mod.render_converged(res, variant_labels=("converge_data3k",), data_labels=("converge_data3k",)))
+    assert "(converge_data3k) |" not in text                      # not listed as a one-change variant
+    assert "### Other training data: `converge_data3k` (D4)" in text and "`cache.extra_dirs=[/a,/b]`" in text
+    assert "| dspark_rnn | 200 | 1.800 | 0.400 |" in text
+    # same split: 1.80 / 1.50 = 1.200 held-out; across splits no held-out ratio
+    assert "| dspark_rnn_3k / dflash_3k | 1.200 | 1.170 [1.150, 1.190] | 1.16 | met | met |" in text
+    assert "| dspark_rnn_3k / dspark_rnn | – | 1.080 [1.050, 1.110] | – | – | – |" in text
