@@ -87,7 +87,7 @@ def trained_on(run_dir: Path, meta: Mapping[str, Any]) -> str:
 def data_stats(cfg, run_dir: Path, target) -> Dict[str, Any]:
     """Sequences, tokens and answer tokens the run drew from (the cache manifest, or the regenerated
     conversations encoded as online training encodes them), plus where they are."""
-    from deepspec.cache import CacheReader
+    from deepspec.cache.union import open_caches
     from deepspec.train.data import OnlineSequences
     if cfg.data.online:
         path = resolve(cfg.data.regen_path) if cfg.data.regen_path else Path(run_dir) / "regen" / "regen.jsonl"
@@ -95,13 +95,17 @@ def data_stats(cfg, run_dir: Path, target) -> Dict[str, Any]:
         return {"path": path, "kind": "online data", "conversations": len(seqs), "tokens": sum(seqs.lengths()),
                 "answer_tokens": int(sum(sum(m) for _, m in seqs.samples)), "regen_sha256": None}
     path = resolve(cfg.cache.dir) if cfg.cache.dir else Path(run_dir) / "cache"
-    if not path.is_dir():
-        raise ShipError(f"{path}: the run's cache is not there (cache.dir in run.yaml); it gives the data numbers")
-    with CacheReader(path) as reader:
+    dirs = [(path, "cache.dir")] + [(resolve(d), f"cache.extra_dirs[{k}]") for k, d in enumerate(cfg.cache.extra_dirs)]
+    for d, key in dirs:
+        if not d.is_dir():
+            raise ShipError(f"{d}: the run's cache is not there ({key} in run.yaml); it gives the data numbers")
+    with open_caches([d for d, _ in dirs]) as reader:
         reader.validate(target)
-        st, source = reader.stats(), reader.manifest.get("source") or {}
-    return {"path": path, "kind": "cache", "conversations": st["samples"], "tokens": st["tokens"],
-            "answer_tokens": st["loss_tokens"], "regen_sha256": source.get("sha256")}
+        st = reader.stats()
+        shas = [(r.manifest.get("source") or {}).get("sha256") for r in getattr(reader, "readers", [reader])]
+    return {"path": path, "kind": "cache" if len(dirs) == 1 else f"union of {len(dirs)} caches",
+            "conversations": st["samples"], "tokens": st["tokens"], "answer_tokens": st["loss_tokens"],
+            "regen_sha256": shas[0] if len(shas) == 1 else shas}
 
 
 def heldout_split(cfg, data: Mapping[str, Any], meta: Mapping[str, Any]) -> Tuple[str, int]:

@@ -93,6 +93,13 @@ class CacheUnion:
         r, j = self._locate(i)
         return r.sample_id(j)
 
+    def stats(self) -> Dict[str, Any]:
+        """Samples, tokens and loss tokens of the union; ``caches``: each cache's own `CacheReader.stats`."""
+        parts = [r.stats() for r in self.readers]
+        return {"samples": len(self), "tokens": sum(p["tokens"] for p in parts),
+                "loss_tokens": sum(p["loss_tokens"] for p in parts),
+                "stored_bytes": sum(p["stored_bytes"] for p in parts), "caches": parts}
+
     def validate(self, expected) -> "CacheUnion":
         for r in self.readers:
             r.validate(expected)

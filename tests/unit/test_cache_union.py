@@ -50,6 +50,9 @@ def test_union_reads_the_caches_back_to_back(two):
     with pytest.raises(IndexError, match=f"union of {len(u)}"):
         u[len(u)]
     assert u.validate(target) is u
+    st = u.stats()
+    assert (st["samples"], st["tokens"]) == (len(u), a.stats()["tokens"] + b.stats()["tokens"])
+    assert st["loss_tokens"] == int(u.loss_lengths.sum()) and len(st["caches"]) == 2
     assert isinstance(open_caches([da]), CacheReader)
 
 

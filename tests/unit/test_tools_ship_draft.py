@@ -280,3 +280,32 @@ def test_a_calibration_fitted_on_the_drafts_rollouts_ships_beside_it(run, eval_r
     assert _ship(run_dir, root, "--calibration", str(tmp_path / "junk.json")) == 2
     assert f"{tmp_path / 'junk.json'}: not a calibration.json" in capsys.readouterr().err
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_a_run_on_a_union_of_caches_reports_the_data_of_all_of_them(run, tmp_path, capsys):
+    from deepspec.config import load_config
+    from deepspec.prepare import build_cache
+    from deepspec.train.loop import run as train
+    tmp, cached_run, target = run
+    lines = (tmp / "regen.jsonl").read_text().splitlines(keepends=True)
+    over = [o for o in _overrides(tmp) if not o.startswith(("run_dir=", "cache.dir=", "data.regen_path="))]
+    for name, part in (("a", lines[:12]), ("b", lines[12:])):
+        (tmp_path / f"{name}.jsonl").write_text("".join(part))
+        build_cache(load_config([*over, f"run_dir={tmp_path / name}", f"data.regen_path={tmp_path / name}.jsonl",
+                                 f"cache.dir={tmp_path / name / 'cache'}"]), target=target, progress=False)
+    union = tmp_path / "union"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DEEPSPEC_NO_PROGRESS", "1")
+        train(load_config([*over, f"run_dir={union}", f"cache.dir={tmp_path / 'a' / 'cache'}",
+                           f"cache.extra_dirs=[{tmp_path / 'b' / 'cache'}]"]))
+    assert _ship(union, tmp_path / "shipped") == 0, capsys.readouterr().err
+    prov = json.loads((tmp_path / "shipped" / "tiny-dspark" / "provenance.json").read_text())
+    assert _ship(cached_run, tmp_path / "shipped_cached") == 0
+    ref = json.loads((tmp_path / "shipped_cached" / "tiny-dspark" / "provenance.json").read_text())
+    keys = ("conversations", "tokens", "answer_tokens")
+    assert [prov["data"][k] for k in keys] == [ref["data"][k] for k in keys]
+    assert len(prov["data"]["regen_sha256"]) == 2 and "of the union of 2 caches" in prov["heldout_split"]
+    assert prov["heldout_split"].split(": ")[-1] == ref["heldout_split"].split(": ")[-1]
+    (tmp_path / "b" / "cache").rename(tmp_path / "b" / "moved")
+    assert _ship(union, tmp_path / "shipped2") != 0
+    assert "cache.extra_dirs[0] in run.yaml" in capsys.readouterr().err and not (tmp_path / "shipped2").exists()
