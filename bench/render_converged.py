@@ -250,7 +250,8 @@ def render_converged(results: Path, label: str = "converge",
         ra = rec.get("args") or {}
         out += [f"### Other training data: `{lab}` ({rec.get('date', '')})", "",
                 f"{ra.get('steps')} steps, {ra.get('anchors')} anchors per sequence, depth {ra.get('layers')}, with "
-                + ", ".join(f"`{o}`" for o in data_key(rec)) + ". Its held-out split is drawn from its own data, so "
+                + ", ".join(f"`{o.replace(str(results.parent.parent) + '/', '')}`" for o in data_key(rec))
+                + ". Its held-out split is drawn from its own data, so "
                 "its held-out E[τ] compares with the runs above only through the eval prompts (paired rows below).",
                 "", *heldout_table(rec), ""]
     vp = results / f"eval_drafters-{label}_variants.json"
