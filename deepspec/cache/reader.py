@@ -22,6 +22,18 @@ class _Shard:
         self.mm, self.reader, self.batches, self.starts = mm, reader, batches, starts
 
 
+def check_index(i, n: int, what: str) -> int:
+    """Sample ``i`` (an int, negative counts from the end) of ``what`` holding ``n`` samples, as 0..n-1."""
+    if not isinstance(i, (int, np.integer)):
+        raise TypeError(f"cache index must be an int, got {type(i).__name__}")
+    i = int(i)
+    if i < 0:
+        i += n
+    if not 0 <= i < n:
+        raise IndexError(f"sample {i} out of range for {what} of {n} samples")
+    return i
+
+
 class CacheReader:
     """``reader[i]`` → ``{"input_ids", "loss_mask", "features", "last_hidden"[, "target_lse"]}`` of sample ``i``
     (``target_lse`` [T] fp32 from format version 2 on; ``has_target_lse`` says whether it is there).
@@ -179,15 +191,7 @@ class CacheReader:
         return self.ids[self._check(i)]
 
     def _check(self, i: int) -> int:
-        n = len(self)
-        if not isinstance(i, (int, np.integer)):
-            raise TypeError(f"cache index must be an int, got {type(i).__name__}")
-        i = int(i)
-        if i < 0:
-            i += n
-        if not 0 <= i < n:
-            raise IndexError(f"sample {i} out of range for a cache of {n} samples")
-        return i
+        return check_index(i, len(self), "a cache")
 
     def _read(self, i: int, columns: Tuple[str, ...]) -> Tuple[str, int, Dict[str, Any]]:
         """(where, num_tokens, {column: buffer}) of sample i, checked against the index."""

@@ -16,7 +16,7 @@ import torch
 
 from .errors import CacheError, CacheMismatchError
 from .manifest import TARGET_KEYS, compare
-from .reader import CacheReader
+from .reader import CacheReader, check_index
 
 
 def _identity(reader: CacheReader) -> Dict[str, Any]:
@@ -65,12 +65,7 @@ class CacheUnion:
         self.manifest.pop("shards", None)
 
     def _locate(self, i: int):
-        n = len(self)
-        if not isinstance(i, (int, np.integer)):
-            raise TypeError(f"cache index must be an int, got {type(i).__name__}")
-        i = int(i) + (n if int(i) < 0 else 0)
-        if not 0 <= i < n:
-            raise IndexError(f"sample {i} out of range for a union of {n} samples")
+        i = check_index(i, len(self), "a union")
         k = bisect.bisect_right(self.offsets, i) - 1
         return self.readers[k], i - int(self.offsets[k])
 
