@@ -5,13 +5,10 @@ KV-cached target forward over n new tokens.  This measures c(n) for n = 1..8 wit
 dtype (`TargetAdapter.decode`, the call both the plain loop and the verification make), after a prompt of
 ``--context`` tokens, the sizes interleaved round-robin so machine load hits them alike, and reports
 medians plus the ratios that matter: c(n) / c(1) of the same dtype, and c(n) / c(1) of the fastest dtype
-(the honest plain baseline).  ``--layouts row column`` adds the linear-weight layout as a second axis
-(`target.weight_layout`, deepspec/utils/layout.py): each dtype then runs once per layout, keyed
-``dtype/layout``.  Writes `bench/results/verify_cost.{json,md}`.
+(the honest plain baseline).  Writes `bench/results/verify_cost.{json,md}`.
 
     .venv/bin/python bench/verify_cost.py                         # SmolLM2-135M, CPU, 1 thread
     .venv/bin/python bench/verify_cost.py --threads 2 --label t2
-    .venv/bin/python bench/verify_cost.py --dtypes float32 --layouts row column --label layout
 """
 from __future__ import annotations
 
@@ -55,8 +52,6 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default="reference:smollm2-135m")
     ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
-    ap.add_argument("--layouts", nargs="+", default=["row"], choices=["row", "column"],
-                    help="linear-weight layouts (target.weight_layout) to run each dtype with")
     ap.add_argument("--sizes", nargs="+", type=int, default=[1, 2, 3, 4, 6, 8])
     ap.add_argument("--context", type=int, default=200)
     ap.add_argument("--reps", type=int, default=9)
@@ -72,14 +67,9 @@ def main(argv=None) -> int:
     from deepspec.targets import load_target
 
     load0 = list(os.getloadavg())
-    targets = {}
-    for d in args.dtypes:
-        for lay in args.layouts:
-            t = load_target(TargetConfig(path=args.target, device="cpu", dtype=d))
-            t.set_weight_layout(lay)
-            targets[d if args.layouts == ["row"] else f"{d}/{lay}"] = t
+    targets = {d: load_target(TargetConfig(path=args.target, device="cpu", dtype=d)) for d in args.dtypes}
     g = torch.Generator().manual_seed(0)
-    vocab = next(iter(targets.values())).vocab_size
+    vocab = targets[args.dtypes[0]].vocab_size
     prompt = torch.randint(0, vocab, (1, args.context), generator=g)
     caches = {}
     with torch.inference_mode():

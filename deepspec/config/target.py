@@ -26,8 +26,3 @@ class TargetConfig:
     enable_thinking: Optional[bool] = None
     chat_template_kwargs: Dict[str, Any] = field(default_factory=dict)
     attn_implementation: Optional[str] = "sdpa"
-    # Memory layout of the target's and the draft's linear weights when decoding (eval, demo):
-    # auto = column-major for fp32 on a CPU (a forward over a few new tokens then costs about one
-    # step instead of 2-3, see deepspec/utils/layout.py), the stock row-major layout elsewhere;
-    # or row | column.  Training and prepare keep the stock layout.
-    weight_layout: str = "auto"

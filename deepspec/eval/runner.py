@@ -39,7 +39,6 @@ from ..schedule.prefix_scheduler import policy_from_config
 from ..targets import load_target
 from ..targets.chat import encode_prompt
 from ..utils.fs import atomic_write, jsonl_line
-from ..utils.layout import column_major_linears
 from . import reference_drafters  # noqa: F401  (registers target_as_draft / fixed_distribution_draft)
 from .benchmarks import Sample, domain_of, load_benchmarks
 from .bootstrap import LEVEL, benchmark_interval, bootstrap_intervals, request_totals
@@ -118,8 +117,6 @@ def load_eval_drafter(cfg, target) -> Tuple[Any, Dict[str, Any]]:
         source = "random-init" if algo not in ("target_as_draft", "fixed_distribution_draft") else "reference"
     if isinstance(drafter, torch.nn.Module):
         drafter.eval()
-        if getattr(target, "weight_layout", "row") == "column":     # the target's decoding layout, fp32 only
-            column_major_linears(drafter, dtype=torch.float32)
     n_params = sum(p.numel() for p in drafter.parameters()) if isinstance(drafter, torch.nn.Module) else 0
     info = {"algorithm": getattr(drafter, "algorithm", type(drafter).__name__), "class": type(drafter).__name__,
             "source": source, "gamma": drafter_gamma(drafter, cfg.draft.gamma), "parameters": int(n_params)}
@@ -366,7 +363,6 @@ def run(cfg) -> Dict[str, Any]:
         return old
     torch.manual_seed(ec.seed)
     target = load_target(cfg.target)
-    target.set_weight_layout(cfg.target.weight_layout)
     drafter, dinfo = load_eval_drafter(cfg, target)
     gamma = int(ec.gamma or dinfo["gamma"])
     policy, temps = build_policy(cfg, target)

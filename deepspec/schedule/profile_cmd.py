@@ -38,7 +38,6 @@ def run(cfg) -> Path:
     gamma = int(cfg.draft.gamma)
     out_dir = run_dir(cfg) / "sps"
     target = load_target(cfg.target)
-    target.set_weight_layout(cfg.target.weight_layout)     # profile the layout eval decodes with
     if sc.profile_requests:
         total = len(set(sc.profile_requests)) * (gamma + 1)
     else:

@@ -18,7 +18,6 @@ from torch import nn
 from transformers import DynamicCache
 
 from .attention import cache_kwarg, offset_causal, supported as attention_supported
-from ..utils.layout import column_major_linears, resolve_layout, to_column_major
 from .chat import ChatEncoding, encode_chat
 
 log = logging.getLogger(__name__)
@@ -100,9 +99,6 @@ class TargetAdapter:
         # (`targets/attention.py`): None = on CUDA, True/False to force.
         self.fast_attention: Optional[bool] = None
         self._offset_ok: Optional[bool] = None
-        # "column" once `set_weight_layout` stored the linear weights column-major (deepspec/utils/layout.py);
-        # fp32 copies of the head (`head_weight`) and drafts evaluated against this target follow it.
-        self.weight_layout: str = "row"
 
     # -- shared frozen modules -------------------------------------------------
     @property
@@ -156,27 +152,10 @@ class TargetAdapter:
         with torch.no_grad():
             r = None if rows is None else rows.detach().to(w.device).clone()
             sub = (w.detach() if rows is None else w.detach().index_select(0, r)).to(dtype or w.dtype)
-            fp32_col = self.weight_layout == "column" and sub.dtype == torch.float32
-            sub = to_column_major(sub) if fp32_col else sub.contiguous()
         if len(cache) >= 4:
             cache.clear()
         cache.append((key, r, sub))
         return sub
-
-    def set_weight_layout(self, setting: str) -> str:
-        """Store the linear weights for few-token decoding (`target.weight_layout`: auto | row | column);
-        returns the layout now in use.  Meant for decoding (eval, demo): a tied embedding shares the
-        column-major storage, which makes large embedding gathers (training batches) slower."""
-        layout = resolve_layout(setting, self.device, self.dtype)
-        if layout == "column" and self.weight_layout != "column":
-            n = column_major_linears(self.model)
-            self.__dict__.pop("_head_casts", None)
-            log.info("target %s: %d linear weights stored column-major (target.weight_layout=%s)",
-                     self.name, n, setting)
-        elif layout == "row" and self.weight_layout == "column":
-            raise ValueError(f"target {self.name}: weights are already column-major; reload it for the row layout")
-        self.weight_layout = layout
-        return layout
 
     def logits_from_hidden(self, hidden: torch.Tensor, dtype: Optional[torch.dtype] = None,
                            rows: Optional[torch.Tensor] = None) -> torch.Tensor:
