@@ -148,13 +148,16 @@ def variant_rows(base_rec: Mapping, variants: Sequence[Tuple[Mapping, str, str]]
     return out
 
 
-DATA_PREFIXES = ("cache.", "data.", "train.heldout")
+DATA_PREFIXES = ("cache.", "data.", "train.heldout", "engine.")
 
 
 def data_key(rec: Mapping) -> Tuple[str, ...]:
-    """The overrides of a curve record that choose its training data or its held-out split: two runs'
-    held-out E[τ] compare only when these are equal."""
-    return tuple(sorted(o for o in (rec.get("args") or {}).get("extra") or [] if o.startswith(DATA_PREFIXES)))
+    """What chooses a curve record's training data or its held-out split — its work directory (whose regen
+    and cache it reads) and the overrides that pick data, held-out split or regeneration settings: two
+    runs' held-out E[τ] compare only when these are equal."""
+    a = rec.get("args") or {}
+    work = (f"--work {Path(a['work']).as_posix()}",) if a.get("work") else ()
+    return work + tuple(sorted(o for o in a.get("extra") or [] if o.startswith(DATA_PREFIXES)))
 
 
 def find_variants(results: Path, base_rec: Mapping, labels: Sequence[str]) -> List[Tuple[Mapping, str, str]]:
@@ -209,7 +212,7 @@ def render_converged(results: Path, label: str = "converge",
                      variant_labels: Sequence[str] = ("converge_L3", "converge_a128", "converge_ctx", "converge_e3engine",
                                                       "converge_r64", "converge_w1emb", "converge_w1emb_markov",
                                                       "converge_w1emb_2k", "converge_2k", "converge_e3engine_2k"),
-                     data_labels: Sequence[str] = ("converge_data3k",)) -> List[str]:
+                     data_labels: Sequence[str] = ("converge_data3k", "converge_greedy", "converge_topp")) -> List[str]:
     cp, ep = results / f"learning_curve-{label}.json", results / f"eval_drafters-{label}.json"
     if not (cp.is_file() and ep.is_file()):
         return []

@@ -140,3 +140,32 @@ def test_runs_on_other_data_are_no_variants_and_their_held_out_is_not_divided(tm
     # same split: 1.80 / 1.50 = 1.200 held-out; across splits no held-out ratio
     assert "| dspark_rnn_3k / dflash_3k | 1.200 | 1.170 [1.150, 1.190] | 1.16 | met | met |" in text
     assert "| dspark_rnn_3k / dspark_rnn | – | 1.080 [1.050, 1.110] | – | – | – |" in text
+
+
+def test_another_work_directory_or_regeneration_setting_is_other_data(tmp_path, bench_module):
+    mod = bench_module("render_converged")
+    res, curve = _records(tmp_path)
+    curve["args"].update(work="bench/work/x", extra=["train.heldout_fraction=0.05"])
+    for name, e in curve["drafters"].items():
+        e["run_dir"] = f"bench/work/x/curve/converge/{name}-200"
+    greedy = {"date": "D6", "args": {"steps": 200, "anchors": 32, "layers": 1, "label": "converge_greedy",
+                                      "work": "bench/work/g",
+                                      "extra": ["train.heldout_fraction=0.05", "engine.temperature=0"]},
+              "drafters": {"dspark_rnn": {"drafter": "dspark_rnn", "overrides": [],
+                                          "run_dir": "bench/work/g/curve/converge_greedy/dspark_rnn-200",
+                                          "curve": _curve([(200, 2.10, 0.5)])}}}
+    (res / "learning_curve-converge.json").write_text(json.dumps(curve))
+    (res / "learning_curve-converge_greedy.json").write_text(json.dumps(greedy))
+    assert mod.data_key(greedy) != mod.data_key(curve)
+    assert mod.data_key({**greedy, "args": {**greedy["args"], "work": "bench/work/x"}}) != mod.data_key(curve)
+    ev = {"date": "D7", "drafters": {
+        "dspark_rnn": {"algorithm": "dspark", "run_dir": "/abs/bench/work/x/curve/converge/dspark_rnn-200"},
+        "dspark_rnn_greedy": {"algorithm": "dspark",
+                              "run_dir": "/abs/bench/work/g/curve/converge_greedy/dspark_rnn-200"}},
+        "ratios": {"dspark_rnn_greedy/dspark_rnn": {"ratio": 1.1, "ratio_ci95": [1.05, 1.15]}}}
+    (res / "eval_drafters-converge_variants.json").write_text(json.dumps(ev))
+    text = "\n".join(mod.render_converged(res, variant_labels=("converge_greedy",), data_labels=("converge_greedy",)))
+    assert "(converge_greedy) |" not in text
+    assert "### Other training data: `converge_greedy` (D6)" in text
+    assert "`--work bench/work/g`" in text and "`engine.temperature=0`" in text
+    assert "| dspark_rnn_greedy / dspark_rnn | – | 1.100 [1.050, 1.150] | – | – | – |" in text
