@@ -211,8 +211,10 @@ def paired_rows(ev: Mapping, held: Mapping[str, dict]) -> List[str]:
 def render_converged(results: Path, label: str = "converge",
                      variant_labels: Sequence[str] = ("converge_L3", "converge_a128", "converge_ctx", "converge_e3engine",
                                                       "converge_r64", "converge_w1emb", "converge_w1emb_markov",
-                                                      "converge_w1emb_2k", "converge_2k", "converge_e3engine_2k"),
-                     data_labels: Sequence[str] = ("converge_data3k", "converge_greedy", "converge_topp")) -> List[str]:
+                                                      "converge_w1emb_2k", "converge_2k", "converge_e3engine_2k",
+                                                      "converge_data3k_r384"),
+                     data_labels: Sequence[str] = ("converge_data3k", "converge_greedy", "converge_topp",
+                                                   "converge_data4k")) -> List[str]:
     cp, ep = results / f"learning_curve-{label}.json", results / f"eval_drafters-{label}.json"
     if not (cp.is_file() and ep.is_file()):
         return []
@@ -257,6 +259,11 @@ def render_converged(results: Path, label: str = "converge",
                 + ". Its held-out split is drawn from its own data, so "
                 "its held-out E[τ] compares with the runs above only through the eval prompts (paired rows below).",
                 "", *heldout_table(rec), ""]
+        on_it = find_variants(results, rec, [v for v in variant_labels if v not in data_labels])
+        if on_it:
+            out += [f"One change at a time against `{lab}` (its data and held-out split):", "",
+                    *variant_rows(rec, on_it), ""]
+            variants += on_it
     vp = results / f"eval_drafters-{label}_variants.json"
     if vp.is_file():
         vev = json.loads(vp.read_text())

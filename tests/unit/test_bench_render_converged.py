@@ -169,3 +169,27 @@ def test_another_work_directory_or_regeneration_setting_is_other_data(tmp_path, 
     assert "### Other training data: `converge_greedy` (D6)" in text
     assert "`--work bench/work/g`" in text and "`engine.temperature=0`" in text
     assert "| dspark_rnn_greedy / dspark_rnn | – | 1.100 [1.050, 1.150] | – | – | – |" in text
+
+
+def test_a_change_on_other_data_is_compared_with_the_run_on_that_data(tmp_path, bench_module):
+    mod = bench_module("render_converged")
+    res, curve = _records(tmp_path)
+    curve["args"]["extra"] = ["train.heldout_fraction=0.05"]
+    extra = ["train.heldout_fraction=0.05", "cache.extra_dirs=[/a,/b]"]
+    more = {"date": "D4", "args": {"steps": 200, "anchors": 32, "layers": 1, "label": "converge_data3k", "extra": extra},
+            "drafters": {"dspark_rnn": {"drafter": "dspark_rnn", "overrides": ["draft.head_embedding=target"],
+                                        "curve": _curve([(100, 1.60, 0.35), (200, 1.70, 0.41)])}}}
+    r384 = {"args": {"steps": 200, "anchors": 32, "layers": 1, "label": "converge_data3k_r384", "extra": extra},
+            "drafters": {"dspark_rnn_r384": {"drafter": "dspark_rnn",
+                                             "overrides": ["draft.head_embedding=target", "draft.head_rank=384"],
+                                             "curve": _curve([(100, 1.62, 0.36), (200, 1.73, 0.42)])}}}
+    (res / "learning_curve-converge.json").write_text(json.dumps(curve))
+    (res / "learning_curve-converge_data3k.json").write_text(json.dumps(more))
+    (res / "learning_curve-converge_data3k_r384.json").write_text(json.dumps(r384))
+    text = "\n".join(mod.render_converged(res, variant_labels=("converge_data3k_r384",),
+                                          data_labels=("converge_data3k",)))
+    assert "One change at a time against `converge_data3k`" in text
+    # against the data3k run (1.70 at 200), not against the converge run on other data (1.50)
+    assert ("| dspark_rnn_r384 (converge_data3k_r384) | `draft.head_rank=384` | 200 | 1.730 (0.420) | 1.700 (0.410) "
+            "| +0.030 |") in text
+    assert text.count("(converge_data3k_r384) |") == 1
