@@ -160,16 +160,18 @@ def data_key(rec: Mapping) -> Tuple[str, ...]:
     return work + tuple(sorted(o for o in a.get("extra") or [] if o.startswith(DATA_PREFIXES)))
 
 
-def find_variants(results: Path, base_rec: Mapping, labels: Sequence[str]) -> List[Tuple[Mapping, str, str]]:
-    """Each variant of `learning_curve-<label>.json` paired with the baseline variant that runs the same
-    drafter class (the same `drafter` field); Eagle3 variants with Eagle3.  A record trained on other data
-    (or another held-out split) is no one-change variant and is left out."""
+def load_records(results: Path, labels: Sequence[str]) -> List[Mapping]:
+    """The `learning_curve-<label>.json` records that exist, in label order, each read once."""
+    return [json.loads(p.read_text()) for label in labels
+            if (p := results / f"learning_curve-{label}.json").is_file()]
+
+
+def find_variants(records: Sequence[Mapping], base_rec: Mapping) -> List[Tuple[Mapping, str, str]]:
+    """Each variant of the curve ``records`` paired with the baseline variant of ``base_rec`` that runs the
+    same drafter class (the same `drafter` field); Eagle3 variants with Eagle3.  A record trained on other
+    data (or another held-out split) is no one-change variant and is left out."""
     out = []
-    for label in labels:
-        p = results / f"learning_curve-{label}.json"
-        if not p.is_file():
-            continue
-        rec = json.loads(p.read_text())
+    for rec in records:
         if data_key(rec) != data_key(base_rec):
             continue
         for name, entry in rec["drafters"].items():
@@ -242,7 +244,8 @@ def render_converged(results: Path, label: str = "converge",
            "### Held-out E[τ] at the end of training", "", *heldout_table(curve), "",
            "### Eval τ and speed", "", *eval_table(ev), "",
            "### The paper's margins on this target", "", *rows, "", *lines, ""]
-    variants = find_variants(results, curve, variant_labels)
+    variant_recs = load_records(results, [v for v in variant_labels if v not in data_labels])
+    variants = find_variants(variant_recs, curve)
     if variants:
         out += ["### One change at a time against the converged run (held-out E[τ], same schedule)", "",
                 "Each variant is compared with the drafter of the run above that it changes, at the last step both "
@@ -259,15 +262,14 @@ def render_converged(results: Path, label: str = "converge",
                 + ". Its held-out split is drawn from its own data, so "
                 "its held-out E[τ] compares with the runs above only through the eval prompts (paired rows below).",
                 "", *heldout_table(rec), ""]
-        on_it = find_variants(results, rec, [v for v in variant_labels if v not in data_labels])
+        on_it = find_variants(variant_recs, rec)
         if on_it:
             out += [f"One change at a time against `{lab}` (its data and held-out split):", "",
                     *variant_rows(rec, on_it), ""]
-            variants += on_it
     vp = results / f"eval_drafters-{label}_variants.json"
     if vp.is_file():
         vev = json.loads(vp.read_text())
-        held = heldout_by_run([curve, *{id(r): r for r, _, _ in variants}.values(), *(r for _, r in data_recs)])
+        held = heldout_by_run([curve, *variant_recs, *(r for _, r in data_recs)])
         out += ["### The one-change runs in eval, paired with the converged drafters", "",
                 f"`{vp.relative_to(results.parent.parent)}` ({vev.get('date', '')}): the same prompts and settings; "
                 "held-out ratios from the runs' final held-out evaluations where both runs share a held-out split.",
