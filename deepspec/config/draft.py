@@ -75,6 +75,11 @@ class DraftConfig:
     # Initialise from a saved draft directory: weights with matching names and shapes are
     # copied (e.g. a DSpark backbone from a DFlash checkpoint); the rest keep their init.
     init_from: Optional[str] = None
+    # Ablation, not part of either paper: initialise every draft layer's attention and MLP
+    # projections from this decoder layer of the target (negative = counted from the end, -1 the
+    # last), instead of N(0, 0.02). Norms keep their init. Needs the target's layer sizes (draft
+    # width and heads unset); applied before init_from, so a saved draft still overrides it.
+    init_from_target_layer: Optional[int] = None
     # Draft vocabulary: score only the N most frequent answer tokens of the training data (EAGLE-3's
     # d2t/t2d; selected by the trainer from the cache, saved in the checkpoint); null = all tokens.
     # Proposals stay lossless: the draft puts probability 0 outside it.
