@@ -214,7 +214,9 @@ def render_converged(results: Path, label: str = "converge",
                      variant_labels: Sequence[str] = ("converge_L3", "converge_a128", "converge_ctx", "converge_e3engine",
                                                       "converge_r64", "converge_w1emb", "converge_w1emb_markov",
                                                       "converge_w1emb_2k", "converge_2k", "converge_e3engine_2k",
-                                                      "converge_data3k_r384"),
+                                                      "converge_data3k_r384", "converge_tinit_last",
+                                                      "converge_tinit_first", "converge_data4k_r384", "converge_fnorm",
+                                                      "converge_eproj", "converge_eproj_dflash"),
                      data_labels: Sequence[str] = ("converge_data3k", "converge_greedy", "converge_topp",
                                                    "converge_data4k")) -> List[str]:
     cp, ep = results / f"learning_curve-{label}.json", results / f"eval_drafters-{label}.json"

@@ -13,7 +13,8 @@ answers two questions:
 2. **How often does a draft position pass, given the target's confidence there?**  A round that
    starts after m output tokens checks draft position k against the target's distribution of output
    token m + k − 1, reached when the k − 1 positions before it passed.  Acceptance per bin, at
-   position 1 and over all positions, for each eval, from its rollouts (accepted counts, drafts).
+   position 1 and over all positions, for each eval, from its rollouts (accepted counts, drafts);
+   and how many position-1 misses propose the anchor token again or the token after the next one.
 
 A round whose accepted drafts are not the plain greedy path's tokens (a bf16 verification that
 rounded a near-tie the other way) ends that request's analysis there; the count is recorded.
@@ -91,6 +92,7 @@ def acceptance(rounds: Mapping[str, Sequence[Mapping]], paths: Mapping[str, Path
     pos1 = [[0, 0] for _ in range(nb)]      # [reached, passed]
     every = [[0, 0] for _ in range(nb)]
     used = diverged = 0
+    kinds = {"anchor": 0, "skip": 0}       # position-1 misses that propose x_p again / x_{p+2}
     for rid, rs in rounds.items():
         if rid not in paths:
             raise SystemExit(f"request {rid} of the rollouts is not among the evaluated prompts")
@@ -102,6 +104,9 @@ def acceptance(rounds: Mapping[str, Sequence[Mapping]], paths: Mapping[str, Path
                 diverged += 1                # not the plain greedy path from here on
                 break
             used += 1
+            if ell >= 1 and n == 0:
+                kinds["anchor"] += int(d[0] == toks[m - 1])
+                kinds["skip"] += int(m + 1 < len(toks) and d[0] == toks[m + 1])
             for k in range(1, min(n + 1, ell) + 1):
                 if m + k - 1 >= len(top1):
                     break
@@ -120,8 +125,11 @@ def acceptance(rounds: Mapping[str, Sequence[Mapping]], paths: Mapping[str, Path
         return {"reached": [c[0] for c in cs], "acceptance": [rate(c) for c in cs],
                 "overall": rate([sum(c[0] for c in cs), sum(c[1] for c in cs)])}
 
+    reached1 = sum(c[0] for c in pos1)
     return {"rounds_used": used, "requests_diverged": diverged, "position1": block(pos1),
-            "all_positions": block(every)}
+            "all_positions": block(every),
+            "position1_misses": {"repeat_anchor": kinds["anchor"] / reached1 if reached1 else None,
+                                 "skip_one": kinds["skip"] / reached1 if reached1 else None}}
 
 
 def greedy_paths(cfg) -> Tuple[Dict[str, Path_], Dict[str, str]]:
@@ -152,6 +160,21 @@ def greedy_paths(cfg) -> Tuple[Dict[str, Path_], Dict[str, str]]:
                     break
                 out = target.decode(torch.tensor([[tok]]), out.past_key_values)
             paths[s.id], bench_of[s.id] = (toks, top1), s.benchmark
+    return paths, bench_of
+
+
+def cached_paths(file: Path, cfg, key) -> Tuple[Dict[str, Path_], Dict[str, str]]:
+    """`greedy_paths`, kept in ``file`` with the settings it was decoded for (a file for other settings
+    is decoded again and replaced)."""
+    want = json.loads(json.dumps(list(key)))
+    if file.is_file():
+        saved = json.loads(file.read_text())
+        if saved.get("settings") == want:
+            return {k: (v[0], v[1]) for k, v in saved["paths"].items()}, saved["benchmark"]
+        print(f"{file}: decoded for other settings {saved.get('settings')}; decoding again")
+    paths, bench_of = greedy_paths(cfg)
+    file.parent.mkdir(parents=True, exist_ok=True)
+    file.write_text(json.dumps({"settings": want, "paths": paths, "benchmark": bench_of}))
     return paths, bench_of
 
 
@@ -187,7 +210,13 @@ def markdown(record: Mapping) -> str:
         for name, a in record["drafters"].items():
             cells = [f"{_f(r, 2)} ({n:,})" for r, n in zip(a[key]["acceptance"], a[key]["reached"])]
             lines.append(f"| {name} | " + " | ".join(cells) + f" | {_f(a[key]['overall'])} |")
-    lines += ["", "(n) = positions reached in that bin. Rounds used / requests that left the plain greedy path: " +
+    lines += ["", "## Position-1 misses that propose the anchor token again (x_p) or skip a token (x_p+2)", "",
+              "| drafter | repeat the anchor | skip one token |", "|---|---:|---:|"]
+    for name, a in record["drafters"].items():
+        mk = a["position1_misses"]
+        lines.append(f"| {name} | {_f(mk['repeat_anchor'])} | {_f(mk['skip_one'])} |")
+    lines += ["", "(as fractions of the rounds that reached position 1)", "",
+              "(n) = positions reached in that bin. Rounds used / requests that left the plain greedy path: " +
               ", ".join(f"{n} {a['rounds_used']} / {a['requests_diverged']}" for n, a in record["drafters"].items()) + "."]
     return "\n".join(lines) + "\n"
 
@@ -196,6 +225,9 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--run", nargs="+", required=True, metavar="NAME=EVAL_DIR",
                    help="finished greedy evals of the same prompts and target (rollouts.jsonl, resolved_config.yaml)")
+    p.add_argument("--paths", default=None, metavar="JSON",
+                   help="keep the target's greedy paths here: read when written for the same target and prompts, "
+                        "else decoded and written (saves re-decoding when more evals are analysed later)")
     p.add_argument("--label", default=None)
     p.add_argument("--out", default=None, help="record path (default bench/results/target_confidence[-LABEL].json)")
     args = p.parse_args(argv)
@@ -209,7 +241,7 @@ def main(argv=None) -> None:
             raise SystemExit(f"--run {name}: its target or prompts {k} differ from the first eval's {key}")
         cfg, key = cfg or c, key or k
         evals[name] = (Path(d), read_rounds(Path(d) / "rollouts.jsonl"))
-    paths, bench_of = greedy_paths(cfg)
+    paths, bench_of = cached_paths(Path(args.paths), cfg, key) if args.paths else greedy_paths(cfg)
     record = {"date": dt.date.today().isoformat(),
               "command": repo_relative(" ".join([Path(sys.executable).name, "bench/target_confidence.py",
                                                  *(argv if argv is not None else sys.argv[1:])])),

@@ -70,6 +70,16 @@ class DraftConfig:
     # from a learned per-position encoding of the target features instead of one linear map (Eagle3's
     # context is a full layer's output).  Still per position: decoding caches it like the plain map.
     context_mlp: bool = False
+    # Ablation, not part of the papers: none = the target features enter the projection as they are;
+    # channel = each feature channel is divided by its RMS over a fixed probe text (computed from the
+    # target when the draft is built, saved with it), so the few "massive activation" channels of the
+    # target's residual stream (~100x the median channel on SmolLM2) enter at unit scale.
+    feature_norm: str = "none"
+    # Ablation for DFlash/DSpark, not part of either paper: pass the block's token embeddings through a
+    # learned linear map even when the draft is as wide as the target (otherwise only when widths
+    # differ). With tied target embeddings (SmolLM2) the raw anchor embedding otherwise reaches the
+    # tied LM head through the residual stream, which favours proposing the anchor token again.
+    embed_proj: bool = False
     loss: LossConfig = field(default_factory=LossConfig)
     # Sequential temperature scaling (filled in by `deepspec calibrate`).
     # Initialise from a saved draft directory: weights with matching names and shapes are

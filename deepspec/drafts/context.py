@@ -14,15 +14,21 @@ from typing import List, Optional, Sequence
 import torch
 from torch import nn
 
+from .feature_scale import scale_features
 from .layers import KV, DraftLayer, RMSNorm, SwiGLU
 
 
 class ContextProjector(nn.Module):
-    """``RMSNorm(fc(features))``; with ``mlp_size`` (the `draft.context_mlp` ablation) a residual
+    """``RMSNorm(fc(features))`` (``features · inv_rms`` first when given); with ``mlp_size`` (the `draft.context_mlp` ablation) a residual
     SwiGLU over each position first: ``h = fc(f); h = h + mlp(RMSNorm(h)); RMSNorm(h)``."""
 
-    def __init__(self, feature_dim: int, hidden_size: int, eps: float = 1e-6, mlp_size: Optional[int] = None):
+    def __init__(self, feature_dim: int, hidden_size: int, eps: float = 1e-6, mlp_size: Optional[int] = None,
+                 inv_rms: Optional[torch.Tensor] = None):
         super().__init__()
+        if inv_rms is not None:   # `draft.feature_norm=channel`: features / their per-channel RMS before fc
+            self.register_buffer("inv_rms", inv_rms.detach().clone().float())
+        else:
+            self.inv_rms = None
         self.fc = nn.Linear(feature_dim, hidden_size, bias=False)
         self.mlp_norm = RMSNorm(hidden_size, eps) if mlp_size else None
         self.mlp = SwiGLU(hidden_size, mlp_size) if mlp_size else None
@@ -30,9 +36,7 @@ class ContextProjector(nn.Module):
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         """features [..., L*H_target] -> H_ctx [..., H_draft]."""
-        if features.is_inference():  # e.g. straight from `target.capture` (inference mode)
-            features = features.clone()
-        h = self.fc(features.to(self.fc.weight.device, self.fc.weight.dtype))
+        h = self.fc(scale_features(features, self.inv_rms, self.fc.weight.dtype, self.fc.weight.device))
         if self.mlp is not None:
             h = h + self.mlp(self.mlp_norm(h))
         return self.norm(h)

@@ -56,6 +56,7 @@ from torch import nn
 
 from .base import DraftState, Drafter, Proposal, batch_masks, draw, init_linear_weights
 from .context import append_kv
+from .feature_scale import inverse_feature_rms, scale_features
 from .layers import KV, DraftDims, DraftLayer, RMSNorm
 from .fused_loss import fused_logit_loss
 from .losses import metrics_from_stats, stat_sums, step_weights
@@ -109,6 +110,11 @@ class Eagle3Drafter(Drafter):
             check_engine_layout(cfg, target)
         self.dims = dims = DraftDims.from_target(target.config, cfg)
         D, Ht = dims.hidden_size, self.target_hidden_size
+        inv_rms = inverse_feature_rms(target, cfg.feature_norm)
+        if inv_rms is not None:   # `draft.feature_norm=channel`: features / their per-channel RMS before fc
+            self.register_buffer("inv_rms", inv_rms.float())
+        else:
+            self.inv_rms = None
         self.fc = nn.Linear(self.feature_dim, D, bias=False)
         self.feat_norm = RMSNorm(D, dims.rms_eps)
         self.emb_norm = RMSNorm(Ht, dims.rms_eps)
@@ -124,9 +130,7 @@ class Eagle3Drafter(Drafter):
 
     # -- one step over a set of positions ------------------------------------------------------
     def _features(self, features: torch.Tensor) -> torch.Tensor:
-        if features.is_inference():  # e.g. straight from `target.capture` (inference mode)
-            features = features.clone()
-        return self.fc(features.to(self.device, self.param_dtype))
+        return self.fc(scale_features(features, self.inv_rms, self.param_dtype, self.device))
 
     def _step(self, tokens: torch.Tensor, g: torch.Tensor, pos: torch.Tensor,
               prefixes: List[Optional[KV]], mask: Optional[torch.Tensor]):

@@ -48,6 +48,7 @@ from torch import nn
 
 from .base import DraftState, Drafter, Proposal, batch_masks, draw, init_linear_weights
 from .context import ContextProjector, append_kv, context_kv
+from .feature_scale import inverse_feature_rms
 from .heads import ConfidenceHead, build_sequential_head
 from .layers import KV, DraftDims, DraftLayer, RMSNorm
 from .fused_loss import fused_logit_loss
@@ -75,10 +76,12 @@ class ParallelDrafter(Drafter):
             raise ValueError(f"draft.gamma and draft.num_layers must be >= 1 (got {cfg.gamma}, {cfg.num_layers})")
         self.dims = dims = DraftDims.from_target(target.config, cfg)
         D, Ht = dims.hidden_size, self.target_hidden_size
+        inv_rms = inverse_feature_rms(target, cfg.feature_norm)
         self.context = ContextProjector(self.feature_dim, D, dims.rms_eps,
-                                        dims.intermediate_size if cfg.context_mlp else None)
-        self.in_proj = nn.Linear(Ht, D, bias=False) if D != Ht else None
-        self.anchor_proj = ContextProjector(self.feature_dim, D, dims.rms_eps) if cfg.anchor_feature else None
+                                        dims.intermediate_size if cfg.context_mlp else None, inv_rms)
+        self.in_proj = nn.Linear(Ht, D, bias=False) if D != Ht or cfg.embed_proj else None
+        self.anchor_proj = (ContextProjector(self.feature_dim, D, dims.rms_eps, inv_rms=inv_rms)
+                            if cfg.anchor_feature else None)
         self.layers = nn.ModuleList(DraftLayer(dims) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(D, dims.rms_eps)
         self.out_proj = nn.Linear(D, Ht, bias=False) if D != Ht else None

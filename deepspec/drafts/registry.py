@@ -80,7 +80,8 @@ def build_drafter(target, cfg) -> nn.Module:
 def count_trainable_parameters(target, cfg) -> int:
     """Trainable parameters a drafter of ``cfg`` would have for ``target``, built on the ``meta`` device
     (shapes only: no memory, no initialisation cost; ``cfg.init_from`` is ignored)."""
-    cfg = dataclasses.replace(effective_config(cfg), init_from=None, init_from_target_layer=None)
+    cfg = dataclasses.replace(effective_config(cfg), init_from=None, init_from_target_layer=None,
+                              feature_norm="none")   # its buffer is no parameter: no target forward here
     cls, _ = _lookup(cfg.algorithm)
     with torch.device("meta"):
         drafter = cls(target, cfg)

@@ -100,12 +100,14 @@ def eagle3_table(fmt: str) -> Tuple[Rule, ...]:
 
 # Our keys that have no engine counterpart, with the reason (used in error messages).
 UNREPRESENTABLE = {
-    r"in_proj\.weight": "an input projection (draft hidden_size != target hidden_size): the engines feed the "
-                        "target's token embedding straight into the draft layers",
+    r"in_proj\.weight": "an input projection (draft hidden_size != target hidden_size, or the draft.embed_proj "
+                        "ablation): the engines feed the target's token embedding straight into the draft layers",
     r"out_proj\.weight": "an output projection (draft hidden_size != target hidden_size): the engines apply the "
                          "target's LM head straight to the draft's hidden state",
     r"anchor_proj\..+": "the anchor-feature ablation (draft.anchor_feature=true): the engines' drafters see the "
                         "target's features only as extra keys/values",
+    r"(context\.|anchor_proj\.)?inv_rms": "the feature-scaling ablation (draft.feature_norm=channel): the engines "
+                                         "project the target's features as they are",
     r"context\.(mlp|mlp_norm)\..+": "the context-MLP ablation (draft.context_mlp=true): the engines project the "
                                     "target's features with one linear map and a norm",
     r"head\.w1_proj\.weight": "a factored sequential-head embedding (draft.head_embedding=target): the engines' "

@@ -7,7 +7,7 @@ import torch
 from deepspec.config import load_config
 
 
-def test_every_round_lies_on_the_targets_greedy_path(tmp_path, eval_data_dir, bench_module):
+def test_every_round_lies_on_the_targets_greedy_path(tmp_path, eval_data_dir, bench_module, monkeypatch):
     from deepspec.eval.runner import run
     torch.set_num_threads(1)
     out = tmp_path / "ev"
@@ -18,8 +18,13 @@ def test_every_round_lies_on_the_targets_greedy_path(tmp_path, eval_data_dir, be
                      "eval.measure_baseline=false", "eval.progress=false", f"eval.out_dir={out}"]))
     mod = bench_module("target_confidence")
     rec_path = tmp_path / "tc.json"
-    mod.main(["--run", f"d={out}", "--out", str(rec_path)])
+    mod.main(["--run", f"d={out}", "--out", str(rec_path), "--paths", str(tmp_path / "paths.json")])
     rec = json.loads(rec_path.read_text())
+    # a second analysis reads the kept paths (no target forward) and gives the same record
+    monkeypatch.setattr(mod, "greedy_paths", None)
+    mod.main(["--run", f"d={out}", "--out", str(tmp_path / "tc2.json"), "--paths", str(tmp_path / "paths.json")])
+    again = json.loads((tmp_path / "tc2.json").read_text())
+    assert again["target"] == rec["target"] and again["drafters"] == rec["drafters"]
     samples = [json.loads(x) for x in (out / "samples.jsonl").read_text().splitlines()]
     rolls = [json.loads(x) for x in (out / "rollouts.jsonl").read_text().splitlines()]
     # fp32 greedy speculative decoding is the target's greedy decoding: same tokens, every round on the path

@@ -27,6 +27,12 @@ def test_shares_and_acceptance_per_bin(bench_module):
     assert a["all_positions"]["reached"] == [1, 0, 1, 0, 1, 2]   # + 0.85 pass, 0.1 fail
     assert a["all_positions"]["acceptance"] == [0.0, None, 0.0, None, 1.0, 1.0]
     assert a["all_positions"]["overall"] == pytest.approx(3 / 5)
+    assert a["position1_misses"] == {"repeat_anchor": 0.0, "skip_one": 0.0}
+    # a miss at m = 4 that proposes the anchor (token 8) again, one that proposes token 10 (x_p+2)
+    again = {"gsm8k/0": [ROUNDS["gsm8k/0"][0], dict(ROUNDS["gsm8k/0"][1], draft_tokens=[8, 12])]}
+    skip = {"gsm8k/0": [ROUNDS["gsm8k/0"][0], dict(ROUNDS["gsm8k/0"][1], draft_tokens=[10, 12])]}
+    assert mod.acceptance(again, PATHS)["position1_misses"] == {"repeat_anchor": 0.5, "skip_one": 0.0}
+    assert mod.acceptance(skip, PATHS)["position1_misses"] == {"repeat_anchor": 0.0, "skip_one": 0.5}
     assert mod.bin_of(1.0) == 5 and mod.bin_of(0.9) == 5 and mod.bin_of(0.8999) == 4 and mod.bin_of(0.0) == 0
 
 

@@ -16,6 +16,8 @@ ALGOS = {
     "dspark_context_mlp": dict(algorithm="dspark", sequential_head="rnn", context_mlp=True),
     # the factored head embedding (draft.head_embedding=target): W1[x] = P·E_target[x]
     "dspark_markov_target_embed": dict(algorithm="dspark", sequential_head="markov", head_embedding="target"),
+    # the embedding-projection ablation (draft.embed_proj): a learned map on the block's token embeddings
+    "dflash_embed_proj": dict(algorithm="dflash", embed_proj=True),
 }
 
 
@@ -78,6 +80,7 @@ def test_forward_shapes_metrics_and_frozen_target(tiny_target, name):
             assert d.head.w1_proj.weight.grad.abs().sum() > 0
             assert not any(k.startswith("head.w1.") for k in d.state_dict())
     assert (d.context.mlp is not None) == ("context_mlp" in name)
+    assert (d.in_proj is not None) == ("embed_proj" in name)   # the tiny targets: draft width = target width
     if d.context.mlp is not None:
         assert d.context.mlp.down_proj.weight.grad.abs().sum() > 0
     else:   # the published layout keeps its state-dict keys (shipped and exported drafts load unchanged)
