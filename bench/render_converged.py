@@ -108,8 +108,8 @@ def _other_schedule(base_rec: Mapping, rec: Mapping) -> bool:
     return bs is not None and vs is not None and bs != vs
 
 
-def change_of(base_rec: Mapping, base: Mapping, rec: Mapping, entry: Mapping) -> str:
-    """What a variant changes against its baseline: depth, anchors per sequence, draft overrides."""
+def changes(base_rec: Mapping, base: Mapping, rec: Mapping, entry: Mapping) -> List[str]:
+    """What a variant changes against a baseline run: depth, anchors per sequence, schedule, draft overrides."""
     (bo, bl, ba), (vo, vl, va) = _setting(base_rec, base), _setting(rec, entry)
     parts = []
     if vl != bl and entry.get("drafter") != "eagle3":
@@ -120,17 +120,23 @@ def change_of(base_rec: Mapping, base: Mapping, rec: Mapping, entry: Mapping) ->
         parts.append(f"{base_rec['args']['steps']} → {rec['args']['steps']} steps")
     parts += [f"`{o}`" for o in vo if o not in bo]
     parts += [f"without `{o}`" for o in bo if o not in vo]
-    return ", ".join(parts) or "nothing"
+    return parts
 
 
-def variant_rows(base_rec: Mapping, variants: Sequence[Tuple[Mapping, str, str]]) -> List[str]:
-    """``variants``: (record, variant label, baseline label in ``base_rec``)."""
+def change_of(base_rec: Mapping, base: Mapping, rec: Mapping, entry: Mapping) -> str:
+    return ", ".join(changes(base_rec, base, rec, entry)) or "nothing"
+
+
+def variant_rows(base_rec: Mapping, variants: Sequence[Tuple[Mapping, str, Mapping, str]]) -> List[str]:
+    """``variants``: (record, variant label, baseline record, baseline label in it); a baseline other than
+    ``base_rec`` (a one-change run nearer to the variant) is named in the variant column."""
     out = ["| variant | change | last step | held-out E[τ] (P₁) | baseline at that step (P₁) | Δ E[τ] | "
            "training s (baseline) |", "|---|---|---:|---:|---:|---:|---:|"]
-    for rec, name, base_name in variants:
-        entry, base = rec["drafters"][name], base_rec["drafters"][base_name]
+    for rec, name, brec, base_name in variants:
+        entry, base = rec["drafters"][name], brec["drafters"][base_name]
+        against = "" if brec is base_rec else f" vs {base_name} ({(brec.get('args') or {}).get('label', '')})"
         vc, bc = _curve(entry), _curve(base)
-        if _other_schedule(base_rec, rec):
+        if _other_schedule(brec, rec):
             if not (vc and bc):   # another schedule: each run's last evaluation, not a mid-schedule point
                 continue
             s, v, b = f"{max(vc)} vs {max(bc)}", vc[max(vc)], bc[max(bc)]
@@ -140,7 +146,7 @@ def variant_rows(base_rec: Mapping, variants: Sequence[Tuple[Mapping, str, str]]
                 continue
             s = common[-1]
             v, b = vc[s], bc[s]
-        out.append(f"| {name} ({rec.get('args', {}).get('label', '')}) | {change_of(base_rec, base, rec, entry)} | {s} | "
+        out.append(f"| {name} ({rec.get('args', {}).get('label', '')}){against} | {change_of(brec, base, rec, entry)} | {s} | "
                    f"{fmt_ci(v['eval/expected_tau'], None, 3)} ({fmt_ci(v.get('eval/accept_rate/1'), None, 3)}) | "
                    f"{fmt_ci(b['eval/expected_tau'], None, 3)} ({fmt_ci(b.get('eval/accept_rate/1'), None, 3)}) | "
                    f"{v['eval/expected_tau'] - b['eval/expected_tau']:+.3f} | "
@@ -166,18 +172,22 @@ def load_records(results: Path, labels: Sequence[str]) -> List[Mapping]:
             if (p := results / f"learning_curve-{label}.json").is_file()]
 
 
-def find_variants(records: Sequence[Mapping], base_rec: Mapping) -> List[Tuple[Mapping, str, str]]:
-    """Each variant of the curve ``records`` paired with the baseline variant of ``base_rec`` that runs the
-    same drafter class (the same `drafter` field); Eagle3 variants with Eagle3.  A record trained on other
-    data (or another held-out split) is no one-change variant and is left out."""
+def find_variants(records: Sequence[Mapping], base_rec: Mapping) -> List[Tuple[Mapping, str, Mapping, str]]:
+    """Each variant of the curve ``records`` paired with its nearest baseline: the run of the same drafter
+    class (the same `drafter` field; Eagle3 variants with Eagle3) that differs from it in the fewest settings,
+    among ``base_rec`` and the other ``records`` with the same schedule (``base_rec`` wins a tie).  A record
+    trained on other data (or another held-out split) is no one-change variant and is left out."""
+    same = [r for r in records if data_key(r) == data_key(base_rec)]
     out = []
-    for rec in records:
-        if data_key(rec) != data_key(base_rec):
-            continue
+    for rec in same:
         for name, entry in rec["drafters"].items():
-            base = next((n for n, b in base_rec["drafters"].items() if b.get("drafter") == entry.get("drafter")), None)
-            if base is not None:
-                out.append((rec, name, base))
+            cands = [(base_rec, n, b) for n, b in base_rec["drafters"].items() if b.get("drafter") == entry.get("drafter")]
+            if not cands:
+                continue
+            cands += [(r, n, b) for r in same if r is not rec and not _other_schedule(r, rec)
+                      for n, b in r["drafters"].items() if b.get("drafter") == entry.get("drafter")]
+            brec, bname, _ = min(cands, key=lambda c: len(changes(c[0], c[2], rec, entry)))
+            out.append((rec, name, brec, bname))
     return out
 
 

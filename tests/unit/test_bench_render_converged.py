@@ -71,6 +71,27 @@ def test_variants_are_compared_at_the_last_step_both_reached(tmp_path, bench_mod
     assert "| dflash (converge_L3) | 1 → 3 layers | 100 | 1.000 (0.100) | 1.100 (0.100) | -0.100 |" in text
 
 
+def test_a_variant_of_a_variant_is_compared_with_the_nearer_run(tmp_path, bench_module):
+    """A run that changes one setting of a one-change run is compared with that run, named in its row."""
+    mod = bench_module("render_converged")
+    res, _ = _records(tmp_path)
+    base_ov = ["draft.vocab_size=8192", "draft.num_layers=1"]
+    w1 = {"args": {"steps": 200, "anchors": 32, "layers": 1, "label": "converge_w1emb"}, "drafters": {
+        "dspark_rnn": {"drafter": "dspark_rnn", "overrides": base_ov + ["draft.head_embedding=target"],
+                       "curve": _curve([(100, 1.30, 0.25), (200, 1.55, 0.35)])}}}
+    ep = {"args": {"steps": 200, "anchors": 32, "layers": 1, "label": "converge_eproj"}, "drafters": {
+        "dspark_rnn": {"drafter": "dspark_rnn",
+                       "overrides": base_ov + ["draft.head_embedding=target", "draft.embed_proj=true"],
+                       "curve": _curve([(100, 1.33, 0.27), (200, 1.57, 0.36)])}}}
+    (res / "learning_curve-converge_w1emb.json").write_text(json.dumps(w1))
+    (res / "learning_curve-converge_eproj.json").write_text(json.dumps(ep))
+    text = "\n".join(mod.render_converged(res, variant_labels=("converge_w1emb", "converge_eproj")))
+    assert ("| dspark_rnn (converge_eproj) vs dspark_rnn (converge_w1emb) | `draft.embed_proj=true` | 200 | "
+            "1.570 (0.360) | 1.550 (0.350) | +0.020 |") in text
+    # the run one change away from the converged run is still compared with it
+    assert "| dspark_rnn (converge_w1emb) | `draft.head_embedding=target` | 200 | 1.550 (0.350) | 1.500 (0.330) |" in text
+
+
 def test_a_longer_schedule_is_compared_end_to_end(tmp_path, bench_module):
     mod = bench_module("render_converged")
     res, _ = _records(tmp_path)
