@@ -73,7 +73,7 @@ class DraftConfig:
     # Ablation, not part of the papers: none = the target features enter the projection as they are;
     # channel = each feature channel is divided by its RMS over a fixed probe text (computed from the
     # target when the draft is built, saved with it), so the few "massive activation" channels of the
-    # target's residual stream (~100x the median channel on SmolLM2) enter at unit scale.
+    # target's residual stream (10-30x the median channel on SmolLM2) enter at unit scale.
     feature_norm: str = "none"
     # Ablation for DFlash/DSpark, not part of either paper: pass the block's token embeddings through a
     # learned linear map even when the draft is as wide as the target (otherwise only when widths

@@ -19,8 +19,9 @@ from .layers import KV, DraftLayer, RMSNorm, SwiGLU
 
 
 class ContextProjector(nn.Module):
-    """``RMSNorm(fc(features))`` (``features · inv_rms`` first when given); with ``mlp_size`` (the `draft.context_mlp` ablation) a residual
-    SwiGLU over each position first: ``h = fc(f); h = h + mlp(RMSNorm(h)); RMSNorm(h)``."""
+    """``RMSNorm(fc(features))``, the features times ``inv_rms`` first when given (`draft.feature_norm`);
+    with ``mlp_size`` (the `draft.context_mlp` ablation) a residual SwiGLU over each position first:
+    ``h = fc(f); h = h + mlp(RMSNorm(h)); RMSNorm(h)``."""
 
     def __init__(self, feature_dim: int, hidden_size: int, eps: float = 1e-6, mlp_size: Optional[int] = None,
                  inv_rms: Optional[torch.Tensor] = None):

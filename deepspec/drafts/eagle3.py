@@ -105,6 +105,10 @@ class Eagle3Drafter(Drafter):
             raise ValueError("eagle3 needs draft.num_layers >= 1 and draft.ttt_steps >= 1")
         if cfg.eagle3_layout not in LAYOUTS:
             raise ValueError(f"draft.eagle3_layout={cfg.eagle3_layout!r}: choose from {', '.join(LAYOUTS)}")
+        parallel_only = [k for k in ("anchor_feature", "context_mlp", "embed_proj") if getattr(cfg, k)]
+        if parallel_only:
+            raise ValueError(f"draft.{parallel_only[0]}=true is an ablation of the parallel drafters (dspark, dflash); "
+                             "eagle3 has no block input or context keys for it: leave it false")
         engine = cfg.eagle3_layout == "engine"
         if engine:
             check_engine_layout(cfg, target)

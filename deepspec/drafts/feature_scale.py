@@ -1,10 +1,10 @@
 """Per-channel scaling of the target features (`draft.feature_norm=channel`), an ablation.
 
 Decoder LLMs carry a few "massive activation" channels in their middle and late layers: on
-SmolLM2-135M one channel of the residual stream has an RMS of ~1,360 in layers 14–27 where the
-median channel has 5–16 (and 24,832 at the first position).  The drafters' feature projection
-(``fc`` over the concatenated layers, as in DFlash, DSpark and EAGLE-3) then sees inputs whose
-scale differs by two to three orders of magnitude between channels.  With ``channel`` each
+SmolLM2-135M two or three channels of the residual stream have 10–30× the RMS of the median channel
+(layer 27: 437 against 16), and one reaches 24,832 at the first position.  The drafters' feature
+projection (``fc`` over the concatenated layers, as in DFlash, DSpark and EAGLE-3) then sees inputs
+whose scale differs by one to three orders of magnitude between channels.  With ``channel`` each
 feature channel is divided by its RMS over a fixed probe text run through the target once when
 the draft is built (no training data needed, identical on every rank), so every channel enters
 ``fc`` at unit scale.  The divisor is a buffer saved with the draft; a loaded draft uses its own.
