@@ -133,33 +133,29 @@ def acceptance(rounds: Mapping[str, Sequence[Mapping]], paths: Mapping[str, Path
 
 
 def greedy_paths(cfg) -> Tuple[Dict[str, Path_], Dict[str, str]]:
-    """The target's greedy output on the eval's first turns, with the top-1 probability of each token."""
+    """The target's greedy output on the eval's first turns (`target_generate`, the evals' own baseline
+    decoder), with the top-1 probability of each token from one forward over prompt and output."""
     import torch
     from tqdm.auto import tqdm
     from deepspec.eval.benchmarks import load_benchmarks
+    from deepspec.eval.sampling import make_warp
+    from deepspec.eval.speculative import target_generate
     from deepspec.targets import load_target
     from deepspec.targets.chat import encode_prompt
     ec = cfg.eval
     benches = load_benchmarks(ec.data_dir, ec.benchmarks, ec.max_samples)
     target = load_target(cfg.target)
     kw = dict(getattr(target, "chat_template_kwargs", {}) or {})
-    eos = set(target.eos_token_ids)
+    greedy = make_warp(0.0)
     paths, bench_of = {}, {}
     todo = [s for ss in benches.values() for s in ss]
-    with torch.inference_mode():
-        for s in tqdm(todo, desc="target greedy path", unit="req"):
-            ids = torch.tensor([encode_prompt(target.tokenizer, [{"role": "user", "content": s.turns[0]}], **kw)])
-            out = target.decode(ids)
-            toks, top1 = [], []
-            while True:
-                row = out.logits[0, -1].float()
-                tok = int(row.argmax())
-                toks.append(tok)
-                top1.append(float((row.max() - row.logsumexp(-1)).exp()))
-                if tok in eos or len(toks) >= ec.max_new_tokens:
-                    break
-                out = target.decode(torch.tensor([[tok]]), out.past_key_values)
-            paths[s.id], bench_of[s.id] = (toks, top1), s.benchmark
+    for s in tqdm(todo, desc="target greedy path", unit="req"):
+        ids = encode_prompt(target.tokenizer, [{"role": "user", "content": s.turns[0]}], **kw)
+        toks = target_generate(target, ids, max_new_tokens=ec.max_new_tokens, warp=greedy).tokens
+        with torch.inference_mode():
+            rows = target.decode(torch.tensor([ids + toks[:-1]])).logits[0, len(ids) - 1:].float()
+        top1 = (rows.amax(-1) - rows.logsumexp(-1)).exp().tolist()
+        paths[s.id], bench_of[s.id] = (toks, top1), s.benchmark
     return paths, bench_of
 
 

@@ -14,7 +14,7 @@ from typing import List, Optional, Sequence
 import torch
 from torch import nn
 
-from .feature_scale import scale_features
+from .feature_scale import scale_features, set_inv_rms
 from .layers import KV, DraftLayer, RMSNorm, SwiGLU
 
 
@@ -26,10 +26,7 @@ class ContextProjector(nn.Module):
     def __init__(self, feature_dim: int, hidden_size: int, eps: float = 1e-6, mlp_size: Optional[int] = None,
                  inv_rms: Optional[torch.Tensor] = None):
         super().__init__()
-        if inv_rms is not None:   # `draft.feature_norm=channel`: features / their per-channel RMS before fc
-            self.register_buffer("inv_rms", inv_rms.detach().clone().float())
-        else:
-            self.inv_rms = None
+        set_inv_rms(self, inv_rms)   # `draft.feature_norm=channel`: features / their per-channel RMS before fc
         self.fc = nn.Linear(feature_dim, hidden_size, bias=False)
         self.mlp_norm = RMSNorm(hidden_size, eps) if mlp_size else None
         self.mlp = SwiGLU(hidden_size, mlp_size) if mlp_size else None

@@ -56,7 +56,7 @@ from torch import nn
 
 from .base import DraftState, Drafter, Proposal, batch_masks, draw, init_linear_weights
 from .context import append_kv
-from .feature_scale import inverse_feature_rms, scale_features
+from .feature_scale import inverse_feature_rms, scale_features, set_inv_rms
 from .layers import KV, DraftDims, DraftLayer, RMSNorm
 from .fused_loss import fused_logit_loss
 from .losses import metrics_from_stats, stat_sums, step_weights
@@ -114,11 +114,8 @@ class Eagle3Drafter(Drafter):
             check_engine_layout(cfg, target)
         self.dims = dims = DraftDims.from_target(target.config, cfg)
         D, Ht = dims.hidden_size, self.target_hidden_size
-        inv_rms = inverse_feature_rms(target, cfg.feature_norm)
-        if inv_rms is not None:   # `draft.feature_norm=channel`: features / their per-channel RMS before fc
-            self.register_buffer("inv_rms", inv_rms.float())
-        else:
-            self.inv_rms = None
+        # `draft.feature_norm=channel`: features / their per-channel RMS before fc
+        set_inv_rms(self, inverse_feature_rms(target, cfg.feature_norm))
         self.fc = nn.Linear(self.feature_dim, D, bias=False)
         self.feat_norm = RMSNorm(D, dims.rms_eps)
         self.emb_norm = RMSNorm(Ht, dims.rms_eps)

@@ -55,6 +55,14 @@ def inverse_feature_rms(target, feature_norm: str) -> Optional[torch.Tensor]:
     return probe_feature_rms(target).reciprocal()
 
 
+def set_inv_rms(module, inv_rms: Optional[torch.Tensor]) -> None:
+    """``module.inv_rms``: a saved float32 buffer when set, else None (no entry in the state dict)."""
+    if inv_rms is not None:
+        module.register_buffer("inv_rms", inv_rms.detach().clone().float())
+    else:
+        module.inv_rms = None
+
+
 def scale_features(features: torch.Tensor, inv_rms: Optional[torch.Tensor], dtype: torch.dtype,
                    device) -> torch.Tensor:
     """``features`` on ``device`` in ``dtype``, divided channel-wise by the RMS first when set (in float32)."""
