@@ -23,6 +23,7 @@ Writes `bench/results/target_confidence[-LABEL].{json,md}`.
 from __future__ import annotations
 
 import argparse
+import bisect
 import datetime as dt
 import json
 import sys
@@ -40,10 +41,7 @@ Path_ = Tuple[List[int], List[float]]      # the target's greedy tokens and thei
 
 def bin_of(p: float) -> int:
     """Index of ``p``'s bin in EDGES (the last bin is closed: 1.0 falls in [0.9, 1.0])."""
-    for i in range(len(EDGES) - 2, -1, -1):
-        if p >= EDGES[i]:
-            return i
-    return 0
+    return min(max(bisect.bisect_right(EDGES, p) - 1, 0), len(EDGES) - 2)
 
 
 def bin_names() -> List[str]:
@@ -77,8 +75,9 @@ def target_shares(paths: Mapping[str, Path_], bench_of: Mapping[str, str]) -> Di
     for rid, (_, top1) in paths.items():
         counts = by_bench.setdefault(bench_of.get(rid, ""), [0] * nb)
         for p in top1:
-            tokens[bin_of(p)] += 1
-            counts[bin_of(p)] += 1
+            b = bin_of(p)
+            tokens[b] += 1
+            counts[b] += 1
             total_p += p
     n = sum(tokens)
     return {"tokens": n, "mean_top1": total_p / n if n else None,
