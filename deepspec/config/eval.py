@@ -20,6 +20,11 @@ class EvalConfig:
     gamma: Optional[int] = None
     # Verify only the prefix whose cumulative confidence stays above this (None = off).
     confidence_threshold: Optional[float] = None
+    # Verify a draft tree of at most this many nodes per round instead of a chain of γ drafts
+    # (greedy only, parallel drafters; `deepspec.eval.tree_decode`).  None = chains.
+    tree_nodes: Optional[int] = None
+    # Tree growth: nodes expanded per depth, and children per expanded node.
+    tree_width: int = 4
     multi_turn: bool = True
     measure_baseline: bool = True
     seed: int = 0

@@ -207,6 +207,12 @@ class Drafter(nn.Module):
     def advance(self, state: DraftState, tokens: torch.Tensor, features: torch.Tensor) -> DraftState:
         raise NotImplementedError
 
+    def propose_tree(self, state: DraftState, anchor: int, gamma: int, nodes: int, width: int):
+        """A `deepspec.drafts.tree.DraftTree` of at most ``nodes`` candidates below ``anchor`` (tree
+        verification, ``eval.tree_nodes``); drafters that draft chains only say so."""
+        raise NotImplementedError(f"the {self.algorithm} drafter drafts chains only: tree verification "
+                                  "(eval.tree_nodes) needs a parallel drafter (dspark, dflash)")
+
     # -- checkpoints ----------------------------------------------------------------------------
     def checkpoint_config(self) -> Dict[str, Any]:
         t = self.target

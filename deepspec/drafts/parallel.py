@@ -54,6 +54,7 @@ from .layers import KV, DraftDims, DraftLayer, RMSNorm
 from .fused_loss import fused_logit_loss
 from .losses import STAT_ROWS, metrics_from_stats, position_weights, stat_sums
 from .registry import register_drafter
+from .tree import DraftTree, grow_tree
 
 
 def _gather_pos(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
@@ -264,8 +265,8 @@ class ParallelDrafter(Drafter):
             state.tokens = torch.cat([state.tokens, tokens])
         return state
 
-    @torch.no_grad()
-    def propose(self, state: DraftState, anchor: int, gamma: int, warp, generator=None) -> Proposal:
+    def _block(self, state: DraftState, anchor: int, gamma: int):
+        """One block pass after ``state``: (anchor id [1, 1], h_1..h_γ [γ, D], base logits [γ, N])."""
         if not 1 <= gamma <= self.cfg.gamma:
             raise ValueError(f"propose: gamma={gamma} outside 1..{self.cfg.gamma} (the trained block size)")
         dev = self.device
@@ -279,7 +280,30 @@ class ParallelDrafter(Drafter):
         if self.anchor_proj is not None and "last_feature" in state.cache:   # no context (empty prompt): none
             af = self.anchor_proj(state.cache["last_feature"]).unsqueeze(0)   # [1, 1, D]
         hn = self._backbone(a, p, ctx, None, af)[0, 0, :gamma]                         # [γ, D]
-        base = self._head_logits(hn)                                                    # [γ, N]
+        return a, hn, self._head_logits(hn)                                             # [γ, N]
+
+    @torch.no_grad()
+    def propose_tree(self, state: DraftState, anchor: int, gamma: int, nodes: int, width: int) -> DraftTree:
+        """A draft tree (`deepspec.drafts.tree`): one block pass gives every position's base logits;
+        the sequential head, when there is one, conditions each node's children on the node's token."""
+        _, hn, base = self._block(state, anchor, gamma)
+        head = self.head
+
+        def expand(k, tokens, hstate):
+            rows = tokens.shape[0]
+            logits = base[k:k + 1].expand(rows, -1)
+            if head is not None:
+                if hstate is None and k == 0:
+                    hstate = head.init_state(rows, hn)
+                bias, hstate = head.step(hstate, hn[k:k + 1].expand(rows, -1), head.embed(tokens.to(hn.device)))
+                logits = logits + bias.float()
+            return torch.log_softmax(logits.float(), dim=-1), hstate
+
+        return grow_tree(expand, anchor, None, gamma, nodes, width, vocab=self.draft_vocab)
+
+    @torch.no_grad()
+    def propose(self, state: DraftState, anchor: int, gamma: int, warp, generator=None) -> Proposal:
+        a, hn, base = self._block(state, anchor, gamma)
         if self.head is None and self.conf_head is None:
             probs = warp(base).float()
             toks, probs = self.to_target(draw(probs, warp, generator).squeeze(-1), probs)

@@ -48,6 +48,7 @@ from .metrics import (acceptance_metrics, cumulative_confidence_points, macro_av
 from .report import make_plots, write_report
 from .sampling import Warp, make_warp
 from .speculative import GenerationResult, RoundStats, speculative_generate, target_generate
+from .tree_decode import tree_generate, tree_setting
 
 log = logging.getLogger(__name__)
 
@@ -237,8 +238,14 @@ def evaluate(target, drafter, benchmarks: Mapping[str, Sequence[Sample]], *, gam
              max_new_tokens: int, seed: int = 0, multi_turn: bool = True, measure_baseline: bool = True,
              policy: Any = None, eos_token_ids: Optional[Sequence[int]] = None,
              rollout_sink: Optional[Callable[[str], None]] = None, warmup: bool = True,
-             progress: bool = True) -> List[RequestRecord]:
-    """Run speculative (+ baseline) decoding on every turn of every sample; returns the records."""
+             progress: bool = True, tree: Optional[Tuple[int, int]] = None) -> List[RequestRecord]:
+    """Run speculative (+ baseline) decoding on every turn of every sample; returns the records.
+    ``tree`` = (nodes, width): verify draft trees (`tree_generate`) instead of chains."""
+    if tree is None:
+        generate = speculative_generate
+    else:
+        def generate(target, drafter, ids, *, gamma, policy=None, **kw):
+            return tree_generate(target, drafter, ids, gamma=gamma, nodes=tree[0], width=tree[1], **kw)
     tok = target.tokenizer
     eos = list(target.eos_token_ids if eos_token_ids is None else eos_token_ids)
     eos_set = set(eos)
@@ -248,7 +255,7 @@ def evaluate(target, drafter, benchmarks: Mapping[str, Sequence[Sample]], *, gam
         first = next(s for ss in benchmarks.values() for s in ss)
         ids = encode_prompt(tok, [{"role": "user", "content": first.turns[0]}], **kw)
         n = min(8, max_new_tokens)
-        warm = speculative_generate(target, drafter, ids, gamma=gamma, max_new_tokens=n, warp=warp,
+        warm = generate(target, drafter, ids, gamma=gamma, max_new_tokens=n, warp=warp,
                                     generator=request_generator(target.device, seed, "warmup"),
                                     eos_token_ids=eos, policy=policy)
         if getattr(policy, "overhead_s", 0.0) is None and warm.rounds:   # a scheduler whose draft cost is unset
@@ -269,12 +276,12 @@ def evaluate(target, drafter, benchmarks: Mapping[str, Sequence[Sample]], *, gam
                     rid = sample.id if len(turns) == 1 else f"{sample.id}/t{ti}"
                     messages = history + [{"role": "user", "content": user}]
                     ids = encode_prompt(tok, messages, **kw)
-                    meta = {"benchmark": name, "turn": ti}
+                    meta = {"benchmark": name, "turn": ti, **({"tree": list(tree)} if tree else {})}
                     sink = None
                     if rollout_sink is not None:
                         def sink(rnd, rs, _rid=rid, _meta=meta):
                             rollout_sink(_rollout_line(_rid, rnd, rs, _meta))
-                    spec = speculative_generate(target, drafter, ids, gamma=gamma, max_new_tokens=max_new_tokens,
+                    spec = generate(target, drafter, ids, gamma=gamma, max_new_tokens=max_new_tokens,
                                                 warp=warp, generator=request_generator(target.device, seed, rid),
                                                 eos_token_ids=eos, policy=policy, on_round=sink)
                     base = None
@@ -367,6 +374,7 @@ def run(cfg) -> Dict[str, Any]:
     gamma = int(ec.gamma or dinfo["gamma"])
     policy, temps = build_policy(cfg, target)
     warp = make_warp(ec.temperature, ec.top_k, ec.top_p)
+    tree = tree_setting(cfg, drafter, policy, warp)
     log.info("eval: %d benchmarks, γ=%d, %s, policy=%s → %s", len(benches), gamma, warp.describe(),
              getattr(policy, "name", type(policy).__name__), out)
     rollout_path = out / ROLLOUTS_FILENAME
@@ -376,14 +384,15 @@ def run(cfg) -> Dict[str, Any]:
         records = evaluate(target, drafter, benches, gamma=gamma, warp=warp, max_new_tokens=ec.max_new_tokens,
                            seed=ec.seed, multi_turn=ec.multi_turn, measure_baseline=ec.measure_baseline,
                            policy=policy, rollout_sink=sink, warmup=getattr(ec, "warmup", True),
-                           progress=getattr(ec, "progress", True))
+                           progress=getattr(ec, "progress", True), tree=tree)
     with open(out / "samples.jsonl", "w", encoding="utf-8") as f:
         for r in records:
             f.write(jsonl_line(_clean(r.to_json())) + "\n")
     summary = summarize(records, gamma, temps, greedy=warp.greedy,
                         bootstrap_resamples=ec.bootstrap_resamples, bootstrap_seed=ec.seed)
     summary["setup"] = {"target": f"{target.name} ({cfg.target.path})", "drafter": f"{dinfo['algorithm']} ({dinfo['source']})",
-                        "policy": getattr(policy, "name", type(policy).__name__), "warp": warp.describe(),
+                        "policy": (f"tree(nodes={tree[0]}, width={tree[1]})" if tree
+                                   else getattr(policy, "name", type(policy).__name__)), "warp": warp.describe(),
                         "max_new_tokens": ec.max_new_tokens, "max_samples": ec.max_samples,
                         "multi_turn": ec.multi_turn, "device": str(target.device), "dtype": str(target.dtype)}
     if hasattr(policy, "overhead_s"):

@@ -189,6 +189,65 @@ def _verify_length(policy, conf: Optional[List[float]], drafted: int) -> int:
     return max(0, min(int(ell[0]), drafted))
 
 
+class _Loop:
+    """What the chain loop and the tree loop (`tree_decode`) share: the prefill (the prompt's forward,
+    the drafter's state, the first token), the emitted tokens, each round's record and the finish."""
+
+    def __init__(self, target, drafter, prompt_ids, warp: Warp, generator, eos_token_ids, max_new_tokens: int,
+                 on_round=None):
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        self.device = target.device
+        self.marks = _Marks(self.device)
+        self.eos = _eos_set(target, eos_token_ids)
+        self.max_new_tokens = max_new_tokens
+        self.on_round = on_round
+        ids = _ids_tensor(prompt_ids, self.device)
+        self.wall0 = time.perf_counter()
+        self.m_start = self.marks.mark()
+        out = target.decode(ids[None])
+        self.cache = out.past_key_values
+        self.cache_len = ids.numel()
+        self.state = drafter.init_state(ids, out.features[0])
+        self.anchor = _first_token(out.logits[0, -1], warp, generator)
+        self.tokens: List[int] = []
+        self.stop = _append(self.tokens, [self.anchor], self.eos, max_new_tokens)
+        self.m_prefill = self.marks.mark()
+        self.result = GenerationResult(prompt_len=ids.numel(), tokens=self.tokens, stop_reason=self.stop or "")
+        self.pending = []   # (RoundStats, its six marks) on a GPU: timings are read at the end
+
+    @property
+    def room(self) -> int:
+        """Draft tokens a round can still use (it emits accepted + 1 tokens)."""
+        return self.max_new_tokens - len(self.tokens) - 1
+
+    def emit(self, new: Sequence[int]) -> int:
+        """Append a round's tokens (up to EOS / the budget); returns how many were appended."""
+        before = len(self.tokens)
+        self.stop = _append(self.tokens, new, self.eos, self.max_new_tokens)
+        return len(self.tokens) - before
+
+    def record(self, rs: "RoundStats", marks6) -> None:
+        if not self.marks.cuda:
+            _set_times(rs, self.marks, marks6)
+        else:
+            self.pending.append((rs, marks6))
+        self.result.rounds.append(rs)
+        if self.on_round is not None:
+            self.on_round(len(self.result.rounds) - 1, rs)
+
+    def finish(self) -> GenerationResult:
+        m_end = self.marks.mark()
+        self.marks.finish(self.device)
+        for rs, m in self.pending:
+            _set_times(rs, self.marks, m)
+        r = self.result
+        r.stop_reason = self.stop
+        r.t_prefill = self.marks.seconds(self.m_start, self.m_prefill)
+        r.t_total = self.marks.seconds(self.m_start, m_end) if self.marks.cuda else time.perf_counter() - self.wall0
+        return r
+
+
 @torch.inference_mode()
 def speculative_generate(target, drafter, prompt_ids, *, gamma: int, max_new_tokens: int, warp: Warp,
                          generator: Optional[torch.Generator] = None,
@@ -201,27 +260,10 @@ def speculative_generate(target, drafter, prompt_ids, *, gamma: int, max_new_tok
     after each round (rollout logging)."""
     if gamma < 1:
         raise ValueError(f"gamma must be >= 1, got {gamma}")
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    device = target.device
-    marks = _Marks(device)
-    eos = _eos_set(target, eos_token_ids)
-    ids = _ids_tensor(prompt_ids, device)
-
-    wall0 = time.perf_counter()
-    m_start = marks.mark()
-    out = target.decode(ids[None])
-    cache = out.past_key_values
-    cache_len = ids.numel()
-    state = drafter.init_state(ids, out.features[0])
-    anchor = _first_token(out.logits[0, -1], warp, generator)
-    tokens: List[int] = []
-    stop = _append(tokens, [anchor], eos, max_new_tokens)
-    m_prefill = marks.mark()
-    result = GenerationResult(prompt_len=ids.numel(), tokens=tokens, stop_reason=stop or "")
-    pending = []   # (RoundStats, its six marks): timings are read at the end
-
-    while stop is None:
+    loop = _Loop(target, drafter, prompt_ids, warp, generator, eos_token_ids, max_new_tokens, on_round)
+    device, marks, state = loop.device, loop.marks, loop.state
+    while loop.stop is None:
+        anchor = loop.anchor
         m0 = marks.mark()
         prop = drafter.propose(state, anchor, gamma, warp, generator)
         m1 = marks.mark()
@@ -231,13 +273,13 @@ def speculative_generate(target, drafter, prompt_ids, *, gamma: int, max_new_tok
         need_conf = policy is not None and not isinstance(policy, FixedLengthPolicy) and drafted > 0
         conf = _conf_list(conf_t) if need_conf else None
         # never verify more than the token budget can still use (the round emits ℓ + 1 tokens)
-        ell = max(min(_verify_length(policy, conf, drafted), max_new_tokens - len(tokens) - 1), 0)
+        ell = max(min(_verify_length(policy, conf, drafted), loop.room), 0)
         # the anchor as a non-blocking host → device copy: no wait for the draft pass still queued on a GPU
         verify_ids = torch.cat([torch.tensor([anchor], dtype=torch.long).to(device, non_blocking=True),
                                 draft_t[:ell]])
         m2 = marks.mark()
-        vout = target.decode(verify_ids[None], cache)
-        cache = vout.past_key_values
+        vout = target.decode(verify_ids[None], loop.cache)
+        loop.cache = vout.past_key_values
         m3 = marks.mark()
         if warp.greedy:
             # one device -> host transfer per round: the drafts and the target's argmax at ℓ + 1 rows
@@ -250,32 +292,17 @@ def speculative_generate(target, drafter, prompt_ids, *, gamma: int, max_new_tok
         if conf is None and conf_t is not None:
             conf = _conf_list(conf_t)
         n = res.accepted
-        target.rollback(cache, cache_len + 1 + n)
-        cache_len += 1 + n
-        before = len(tokens)
-        stop = _append(tokens, res.tokens, eos, max_new_tokens)
+        target.rollback(loop.cache, loop.cache_len + 1 + n)
+        loop.cache_len += 1 + n
+        emitted = loop.emit(res.tokens)
         m4 = marks.mark()
-        if stop is None:
+        if loop.stop is None:
             drafter.advance(state, verify_ids[: n + 1], vout.features[0, : n + 1])
         m5 = marks.mark()
-        rs = RoundStats(drafted=drafted, proposed=ell, accepted=n, emitted=len(tokens) - before,
-                        draft_tokens=draft, confidence=conf)
-        if not marks.cuda:
-            _set_times(rs, marks, (m0, m1, m2, m3, m4, m5))
-        else:
-            pending.append((rs, (m0, m1, m2, m3, m4, m5)))
-        result.rounds.append(rs)
-        if on_round is not None:
-            on_round(len(result.rounds) - 1, rs)
-        anchor = res.next_token
-    m_end = marks.mark()
-    marks.finish(device)
-    for rs, m in pending:
-        _set_times(rs, marks, m)
-    result.stop_reason = stop
-    result.t_prefill = marks.seconds(m_start, m_prefill)
-    result.t_total = marks.seconds(m_start, m_end) if marks.cuda else time.perf_counter() - wall0
-    return result
+        loop.record(RoundStats(drafted=drafted, proposed=ell, accepted=n, emitted=emitted,
+                               draft_tokens=draft, confidence=conf), (m0, m1, m2, m3, m4, m5))
+        loop.anchor = res.next_token
+    return loop.finish()
 
 
 def _set_times(rs: RoundStats, marks: _Marks, m) -> None:

@@ -209,11 +209,15 @@ class TargetAdapter:
 
     @torch.inference_mode()
     def decode(self, input_ids: torch.Tensor, past_key_values=None,
-               attention_mask: Optional[torch.Tensor] = None) -> DecodeOutput:
-        """KV-cached forward over new tokens; returns logits, features and the cache."""
+               attention_mask: Optional[torch.Tensor] = None,
+               position_ids: Optional[torch.Tensor] = None) -> DecodeOutput:
+        """KV-cached forward over new tokens; returns logits, features and the cache.  A 4-D
+        ``attention_mask`` with its ``position_ids`` verifies a draft tree (`deepspec.targets.tree`)."""
         if past_key_values is None:
             past_key_values = self.new_cache()
         kw = {self._cache_kwarg: past_key_values}
+        if position_ids is not None:
+            kw["position_ids"] = position_ids.to(self.device)
         fast = attention_mask is None and input_ids.shape[0] == 1 and self._use_offset_causal()
         with self._record_layers() as rec, (offset_causal(self.model) if fast else nullcontext()):
             out = self.decoder(input_ids=input_ids.to(self.device), attention_mask=attention_mask,
@@ -252,6 +256,23 @@ class TargetAdapter:
             raise ValueError(f"cannot roll a cache of {cur} positions back to {length}")
         if length < cur:
             cache.crop(length - cur)
+
+    @staticmethod
+    @torch.inference_mode()
+    def keep_positions(cache, start: int, keep: torch.Tensor) -> None:
+        """Keep the cache's first ``start`` positions and then positions ``start + keep`` (ascending):
+        the verified path of a draft tree; the other tree nodes are dropped."""
+        keep = torch.as_tensor(keep, dtype=torch.long).reshape(-1)
+        cur = int(cache.get_seq_length())
+        if keep.numel() and (int(keep.min()) < 0 or start + int(keep.max()) >= cur):
+            raise ValueError(f"keep_positions: positions {start}+{keep.tolist()} outside a cache of {cur}")
+        if keep.numel() and bool((keep[1:] <= keep[:-1]).any()):
+            raise ValueError(f"keep_positions: {keep.tolist()} must be strictly increasing")
+        for layer in cache.layers:          # transformers ≥ 4.56: one object per layer with keys/values
+            for name in ("keys", "values"):
+                t = getattr(layer, name)
+                t[:, :, start:start + keep.numel()] = t[:, :, start + keep.to(t.device)]
+        TargetAdapter.rollback(cache, start + keep.numel())
 
     @property
     def _cache_kwarg(self) -> str:

@@ -149,3 +149,22 @@ def test_eval_rerun_reuses_matching_results(tmp_path, eval_data_dir, caplog):
     stamp = res.stat().st_mtime_ns
     run(_cfg(tmp_path, eval_data_dir, *ov[:1], "eval.max_new_tokens=5", *ov[2:], "eval.rerun=true"))
     assert res.stat().st_mtime_ns != stamp
+
+
+def test_eval_tree_verification(tmp_path, eval_data_dir):
+    """eval.tree_nodes: the tree loop through the runner, lossless, its setting in the report; the settings
+    it cannot combine with are refused by name."""
+    from deepspec.config import ConfigError
+    from deepspec.eval.runner import run
+    torch.set_num_threads(1)
+    summary = run(_cfg(tmp_path, eval_data_dir, "eval.tree_nodes=6", "eval.tree_width=2"))
+    assert summary["setup"]["policy"] == "tree(nodes=6, width=2)"
+    assert summary["greedy_check"]["compared"] == 4 and summary["greedy_check"]["matched"] == 4
+    rolls = _read_jsonl(tmp_path / "eval" / "rollouts.jsonl")
+    assert rolls and all(r["proposed"] <= 6 and len(r["draft_tokens"]) == r["accepted"] for r in rolls)
+    assert all(r["meta"]["tree"] == [6, 2] and r["confidence"] is None for r in rolls)
+    for i, (extra, match) in enumerate([("eval.temperature=1.0", "greedy decoding only"),
+                                        ("eval.confidence_threshold=0.5", "cannot be combined"),
+                                        ("eval.tree_width=0", "must be ≥ 1")]):
+        with pytest.raises(ConfigError, match=match):
+            run(_cfg(tmp_path / f"bad{i}", eval_data_dir, "eval.tree_nodes=6", extra))

@@ -1,0 +1,57 @@
+"""The target side of tree verification: one forward over the anchor and every node of a draft tree.
+
+Query row 0 is the anchor, row ``i ≥ 1`` the tree's node ``i − 1``.  Each row attends to the whole
+KV cache and to its own ancestors in the tree (itself included), and sits at position
+``cache length + depth`` — so every root-to-node path sees exactly what a chain forward over that path
+would see, and its logits are that chain's logits (up to the rounding of a different kernel shape).
+transformers takes such a 4-D mask as it is; with it the stock attention runs (boolean for ``sdpa``,
+additive for the others).  Sliding-window layers would need the window inside the mask, so those
+targets are refused.
+"""
+from __future__ import annotations
+
+from typing import Tuple
+
+import torch
+
+__all__ = ["tree_supported", "check_tree_target", "ancestor_mask", "tree_inputs"]
+
+
+def tree_supported(model) -> bool:
+    """A decoder whose every layer attends to the full context (no sliding windows)."""
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    types = getattr(cfg, "layer_types", None)
+    if types:
+        return all(t == "full_attention" for t in types)
+    return not (getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True))
+
+
+def check_tree_target(target) -> None:
+    if not tree_supported(target.model):
+        raise ValueError(f"target {target.name}: tree verification (eval.tree_nodes) needs full attention in "
+                         "every layer; this model has sliding-window layers (use chain verification)")
+
+
+def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
+    """[n+1, n+1] bool: row i attends to column j when j is i or an ancestor of i; ``parents`` [n] are
+    the nodes' parent indices (−1 = the anchor), each smaller than the node's own index."""
+    n = int(parents.shape[0])
+    m = torch.eye(n + 1, dtype=torch.bool)
+    for i, p in enumerate(parents.tolist()):
+        if not -1 <= p < i:
+            raise ValueError(f"tree node {i} has parent {p}: parents must come before their children")
+        m[i + 1] |= m[p + 1]
+    return m
+
+
+def tree_inputs(target, parents: torch.Tensor, depths: torch.Tensor, past: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(attention mask [1, 1, n+1, past+n+1], position ids [1, n+1]) for `TargetAdapter.decode`."""
+    anc = ancestor_mask(parents)
+    allowed = torch.cat([torch.ones(anc.shape[0], past, dtype=torch.bool), anc], dim=1)[None, None]
+    pos = torch.cat([torch.zeros(1, dtype=torch.long), depths.long().cpu()]) + past
+    if getattr(target.model.config, "_attn_implementation", "sdpa") == "sdpa":
+        mask = allowed
+    else:   # eager and the rest add the mask to the scores
+        dt = target.dtype
+        mask = torch.zeros(allowed.shape, dtype=dt).masked_fill(~allowed, torch.finfo(dt).min)
+    return mask.to(target.device), pos[None].to(target.device)

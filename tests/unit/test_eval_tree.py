@@ -1,0 +1,211 @@
+"""Tree verification: the tree grower's invariants, the target's tree mask and cache compaction, the
+greedy tree walk, and the tree loop's losslessness (its output is the target's greedy output)."""
+import pytest
+import torch
+
+from conftest import make_tiny_target
+from deepspec.config.draft import DraftConfig
+from deepspec.drafts import build_drafter
+from deepspec.drafts.base import DraftState
+from deepspec.drafts.tree import DraftTree, grow_tree
+from deepspec.eval.sampling import make_warp
+from deepspec.eval.speculative import speculative_generate, target_generate
+from deepspec.eval.tree_decode import accept_tree_greedy, tree_generate
+from deepspec.targets.chat import encode_prompt
+from deepspec.targets.tree import ancestor_mask, tree_inputs
+
+GREEDY = make_warp(0.0)
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _check_tree(tree: DraftTree, nodes: int, gamma: int):
+    n = len(tree)
+    assert 1 <= n <= nodes
+    for i in range(n):
+        p = int(tree.parents[i])
+        assert -1 <= p < i
+        assert int(tree.depths[i]) == (1 if p < 0 else int(tree.depths[p]) + 1) <= gamma
+        if p >= 0:
+            assert float(tree.scores[i]) <= float(tree.scores[p]) + 1e-6
+    paths = {tuple(_path(tree, i)) for i in range(n)}
+    assert len(paths) == n            # no two nodes spell the same continuation
+
+
+def _path(tree, i):
+    out = []
+    while i >= 0:
+        out.append(int(tree.tokens[i]))
+        i = int(tree.parents[i])
+    return out[::-1]
+
+
+def _random_expand(vocab, seed):
+    """Log-probabilities that depend on the parent token and depth (a Markov drafter)."""
+    g = torch.Generator().manual_seed(seed)
+    table = torch.log_softmax(torch.randn(8, vocab, vocab, generator=g) * 2, dim=-1)
+
+    def expand(k, tokens, state):
+        return table[k, tokens], state
+    return expand, table
+
+
+@pytest.mark.parametrize("nodes,width", [(1, 1), (5, 2), (16, 4), (40, 3), (100, 8)])
+def test_grow_tree_invariants(nodes, width):
+    expand, _ = _random_expand(11, seed=nodes)
+    tree = grow_tree(expand, anchor=3, root_state=None, gamma=5, nodes=nodes, width=width)
+    _check_tree(tree, nodes, 5)
+    # the scores are the paths' summed log-probabilities
+    _, table = _random_expand(11, seed=nodes)
+    for i in range(len(tree)):
+        toks, prev, s = _path(tree, i), 3, 0.0
+        for k, t in enumerate(toks):
+            s += float(table[k, prev, t])
+            prev = t
+        assert float(tree.scores[i]) == pytest.approx(s, abs=1e-5)
+
+
+def test_grow_tree_width_one_is_the_greedy_chain():
+    expand, table = _random_expand(9, seed=1)
+    tree = grow_tree(expand, anchor=0, root_state=None, gamma=6, nodes=6, width=1)
+    prev, chain = 0, []
+    for k in range(6):
+        prev = int(table[k, prev].argmax())
+        chain.append(prev)
+    assert tree.tokens.tolist() == chain and tree.parents.tolist() == [-1, 0, 1, 2, 3, 4]
+
+
+def test_grow_tree_keeps_the_likeliest_nodes_and_maps_the_vocabulary():
+    # position-independent distributions (a drafter without a sequential head): with width ≥ the
+    # vocabulary every node below the budget is considered, so the tree is the exact top-N of all paths
+    lp = torch.log_softmax(torch.tensor([[2.0, 1.0, 0.0], [0.5, 0.0, 3.0]]), dim=-1)
+    vocab = torch.tensor([10, 20, 30])
+    tree = grow_tree(lambda k, t, s: (lp[k].expand(t.shape[0], -1), s), 0, None, 2, 5, 3, vocab=vocab)
+    all_paths = sorted(((float(lp[0, a]), (a,)) for a in range(3)), reverse=True)
+    all_paths += [(float(lp[0, a] + lp[1, b]), (a, b)) for a in range(3) for b in range(3)]
+    best = sorted(all_paths, key=lambda x: -x[0])[:5]
+    got = {tuple(_path(tree, i)) for i in range(len(tree))}
+    assert got == {tuple(int(vocab[j]) for j in p) for _, p in best}
+
+
+def test_ancestor_mask_and_positions(tiny_llama):
+    parents = torch.tensor([-1, -1, 0, 2, 1])
+    m = ancestor_mask(parents)
+    want = {0: {0}, 1: {0, 1}, 2: {0, 2}, 3: {0, 1, 3}, 4: {0, 1, 3, 4}, 5: {0, 2, 5}}
+    for row, cols in want.items():
+        assert set(torch.nonzero(m[row]).flatten().tolist()) == cols
+    with pytest.raises(ValueError, match="parents must come before"):
+        ancestor_mask(torch.tensor([-1, 2, 0]))
+    mask, pos = tree_inputs(tiny_llama, parents, torch.tensor([1, 1, 2, 3, 2]), past=4)
+    assert mask.shape == (1, 1, 6, 10) and bool(mask[0, 0, :, :4].all())
+    assert pos.tolist() == [[4, 5, 5, 6, 7, 6]]
+
+
+def test_tree_forward_matches_chain_forwards_and_keep_positions(tiny_llama):
+    """Each tree row's logits equal a plain forward over its own path; keep_positions leaves the cache a
+    chain forward over the accepted path would have left."""
+    t = tiny_llama
+    prompt = torch.arange(5, 12)[None]
+    out = t.decode(prompt)
+    tokens, parents, depths = torch.tensor([20, 21, 22, 23]), torch.tensor([-1, -1, 1, 2]), torch.tensor([1, 1, 2, 3])
+    ids = torch.cat([torch.tensor([30]), tokens])[None]
+    mask, pos = tree_inputs(t, parents, depths, past=7)
+    tout = t.decode(ids, out.past_key_values, attention_mask=mask, position_ids=pos)
+    for row, path in [(0, [30]), (1, [30, 20]), (2, [30, 21]), (4, [30, 21, 22, 23])]:
+        ref = t.decode(torch.cat([prompt[0], torch.tensor(path)])[None])
+        torch.testing.assert_close(tout.logits[0, row], ref.logits[0, -1], rtol=1e-4, atol=1e-4)
+    cache = tout.past_key_values
+    t.keep_positions(cache, 7, torch.tensor([0, 2, 3, 4]))
+    ref = t.decode(torch.tensor([[5, 6, 7, 8, 9, 10, 11, 30, 21, 22, 23]]))
+    assert t.cache_length(cache) == 11
+    for mine, theirs in zip(cache.layers, ref.past_key_values.layers):
+        torch.testing.assert_close(mine.keys, theirs.keys, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(mine.values, theirs.values, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="strictly increasing"):
+        t.keep_positions(cache, 7, torch.tensor([1, 0]))
+
+
+def test_accept_tree_greedy():
+    tokens, parents = [5, 6, 7, 8, 9], [-1, -1, 1, 1, 3]
+    # best[0]: after the anchor; best[i+1]: after node i
+    assert accept_tree_greedy(tokens, parents, [6, 0, 8, 0, 9, 4]) == ([1, 3, 4], 4)
+    assert accept_tree_greedy(tokens, parents, [6, 0, 3, 0, 9, 4]) == ([1], 3)
+    assert accept_tree_greedy(tokens, parents, [2, 0, 0, 0, 0, 0]) == ([], 2)
+    assert accept_tree_greedy([], [], [7]) == ([], 7)
+    with pytest.raises(ValueError, match="argmax"):
+        accept_tree_greedy(tokens, parents, [1, 2])
+
+
+class OracleTree:
+    """A test drafter that knows the target's greedy output: each depth holds a wrong sibling before the
+    right token (so the accepted nodes are never contiguous rows) and the true path ends at ``cut``."""
+
+    def __init__(self, prompt_len, truth, cut):
+        self.prompt_len, self.truth, self.cut = prompt_len, truth, cut
+
+    def init_state(self, ids, features):
+        return DraftState(tokens=ids.clone())
+
+    def advance(self, state, tokens, features):
+        assert tokens.shape[0] == features.shape[0]
+        state.tokens = torch.cat([state.tokens, tokens])
+        return state
+
+    def propose_tree(self, state, anchor, gamma, nodes, width):
+        m = state.length - self.prompt_len          # the anchor is output token m
+        assert anchor == self.truth[m]
+        true = self.truth[m + 1: m + 1 + min(gamma, self.cut)]
+        toks, pars, deps, parent = [], [], [], -1
+        for k, tok in enumerate(true):
+            toks += [(tok + 1) % 50, tok]
+            pars += [parent, parent]
+            deps += [k + 1, k + 1]
+            parent = len(toks) - 1
+        n = min(nodes, len(toks))
+        return DraftTree(torch.tensor(toks[:n], dtype=torch.long), torch.tensor(pars[:n], dtype=torch.long),
+                         torch.tensor(deps[:n], dtype=torch.long), torch.zeros(n))
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+@pytest.mark.parametrize("cut,nodes", [(3, 16), (7, 5), (1, 2)])
+def test_tree_loop_is_lossless_with_accepted_paths(family, cut, nodes):
+    t = make_tiny_target(family, num_layers=2)
+    prompt = encode_prompt(t.tokenizer, [{"role": "user", "content": "What is 12 times 7?"}])
+    base = target_generate(t, prompt, max_new_tokens=25, warp=GREEDY, eos_token_ids=[]).tokens
+    d = OracleTree(len(prompt), base + [0] * 10, cut)
+    out = tree_generate(t, d, prompt, gamma=4, nodes=nodes, width=2, max_new_tokens=25, warp=GREEDY, eos_token_ids=[])
+    assert out.tokens == base
+    assert 1 + sum(r.emitted for r in out.rounds) == 25
+    full = min(cut, 4, nodes // 2)
+    assert max(r.accepted for r in out.rounds) == full                # the oracle's path is accepted ...
+    assert all(r.accepted <= full for r in out.rounds)
+
+
+@pytest.mark.parametrize("algo", [dict(algorithm="dspark", sequential_head="rnn"), dict(algorithm="dflash")])
+def test_tree_loop_is_lossless_with_a_parallel_drafter(tiny_qwen3, algo):
+    t = tiny_qwen3
+    torch.manual_seed(0)
+    d = build_drafter(t, DraftConfig(gamma=4, num_layers=1, head_rank=16, **algo)).eval()
+    for text in ("What is 12 times 7?", "Write a poem about the sea."):
+        prompt = encode_prompt(t.tokenizer, [{"role": "user", "content": text}])
+        base = target_generate(t, prompt, max_new_tokens=16, warp=GREEDY, eos_token_ids=[]).tokens
+        out = tree_generate(t, d, prompt, gamma=4, nodes=12, width=3, max_new_tokens=16, warp=GREEDY, eos_token_ids=[])
+        assert out.tokens == base
+        assert all(r.proposed <= 12 for r in out.rounds) and all(r.proposed >= 1 for r in out.rounds[:-1])
+        # a tree of width 1 and γ nodes is the greedy chain: the same rounds as chain verification
+        chain = speculative_generate(t, d, prompt, gamma=4, max_new_tokens=16, warp=GREEDY, eos_token_ids=[])
+        one = tree_generate(t, d, prompt, gamma=4, nodes=4, width=1, max_new_tokens=16, warp=GREEDY, eos_token_ids=[])
+        assert [r.accepted for r in one.rounds] == [r.accepted for r in chain.rounds]
+
+
+def test_tree_refuses_sampling_sliding_windows_and_chain_only_drafters(tiny_llama):
+    t = tiny_llama
+    d = build_drafter(t, DraftConfig(algorithm="dspark", gamma=3, num_layers=1, head_rank=8)).eval()
+    with pytest.raises(ValueError, match="greedy decoding only"):
+        tree_generate(t, d, [5, 6, 7], gamma=3, nodes=4, width=2, max_new_tokens=4, warp=make_warp(1.0))
+    g3 = make_tiny_target("gemma3", num_layers=2)
+    with pytest.raises(ValueError, match="sliding-window"):
+        tree_generate(g3, build_drafter(g3, DraftConfig(algorithm="dflash", gamma=3, num_layers=1)).eval(),
+                      [5, 6, 7], gamma=3, nodes=4, width=2, max_new_tokens=4, warp=GREEDY)
+    e3 = build_drafter(t, DraftConfig(algorithm="eagle3", gamma=3, num_layers=1)).eval()
+    with pytest.raises(NotImplementedError, match="drafts chains only"):
+        tree_generate(t, e3, [5, 6, 7], gamma=3, nodes=4, width=2, max_new_tokens=4, warp=GREEDY)
