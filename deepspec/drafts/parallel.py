@@ -297,7 +297,7 @@ class ParallelDrafter(Drafter):
                     hstate = head.init_state(rows, hn)
                 bias, hstate = head.step(hstate, hn[k:k + 1].expand(rows, -1), head.embed(tokens.to(hn.device)))
                 logits = logits + bias.float()
-            return torch.log_softmax(logits.float(), dim=-1), hstate
+            return logits, hstate
 
         return grow_tree(expand, anchor, None, gamma, nodes, width, vocab=self.draft_vocab)
 

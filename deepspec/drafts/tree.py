@@ -12,11 +12,11 @@ children; at the end the ``nodes`` best nodes of everything seen form the tree. 
 exceeds its parent's (log-probabilities are ≤ 0; ties are broken towards the shallower node), so the
 selection is always a connected tree rooted at the anchor.
 
-The drafter supplies one function, ``expand(k, tokens, state) -> (log_probs [R, M], state)``: the
-draft's log-probabilities at block position ``k + 1`` for R parent nodes whose own tokens are
+The drafter supplies one function, ``expand(k, tokens, state) -> (logits [R, M], state)``: the
+draft's logits (unnormalised) at block position ``k + 1`` for R parent nodes whose own tokens are
 ``tokens`` [R] (target ids; at k = 0 the anchor), and the per-row state their children continue from
 (None for drafters whose positions do not depend on the drafted prefix).  Column ``j`` of the
-log-probabilities is target token ``vocab[j]`` (``vocab`` None: ``j`` itself).
+logits is target token ``vocab[j]`` (``vocab`` None: ``j`` itself).
 """
 from __future__ import annotations
 
@@ -66,10 +66,11 @@ def grow_tree(expand: Expand, anchor: int, root_state: Any, gamma: int, nodes: i
     f_state = root_state
     count = 0
     for k in range(gamma):
-        logp, new_state = expand(k, f_tok, f_state)
-        logp = logp.float().cpu()
-        w = min(width, logp.shape[-1])
-        top_lp, top_j = logp.topk(w, dim=-1)                        # [R, w]
+        logits, new_state = expand(k, f_tok, f_state)
+        logits = logits.float().cpu()
+        w = min(width, logits.shape[-1])
+        top, top_j = logits.topk(w, dim=-1)                          # [R, w]
+        top_lp = top - logits.logsumexp(dim=-1, keepdim=True)        # their log-probabilities
         child_score = (f_score[:, None] + top_lp).reshape(-1)
         child_tok = top_j.reshape(-1) if vocab is None else vocab.cpu()[top_j.reshape(-1)]
         rows = torch.arange(top_j.shape[0]).repeat_interleave(w)    # the parent row of each child
@@ -82,16 +83,16 @@ def grow_tree(expand: Expand, anchor: int, root_state: Any, gamma: int, nodes: i
         f_state = select_rows(new_state, rows[keep])
         count += child_tok.numel()
     tok, par, dep, sc = torch.cat(toks), torch.cat(pars), torch.cat(deps), torch.cat(scores)
-    # best `nodes` by score, ties to the shallower node: every chosen node's parent is chosen before it
-    order = sorted(range(tok.numel()), key=lambda i: (-float(sc[i]), int(dep[i]), i))
-    chosen = set()
-    for i in order:
-        if len(chosen) == nodes:
-            break
-        if int(par[i]) < 0 or int(par[i]) in chosen:
-            chosen.add(i)
-    keep = sorted(chosen, key=lambda i: (int(dep[i]), i))          # depth order
-    new_index = {old: new for new, old in enumerate(keep)}
-    keep_t = torch.tensor(keep, dtype=torch.long)
-    parents = torch.tensor([new_index[int(par[i])] if int(par[i]) >= 0 else -1 for i in keep], dtype=torch.long)
+    # best `nodes` by score, ties to the shallower node: a parent (score ≥ its child's, smaller depth) always
+    # ranks before its child, so the chosen nodes form a tree rooted at the anchor
+    by_depth = torch.argsort(dep, stable=True)
+    order = by_depth[torch.argsort(-sc[by_depth], stable=True)]
+    keep_t = order[:nodes]
+    keep_t = keep_t[torch.argsort(dep[keep_t] * (tok.numel() + 1) + keep_t)]   # depth order, pool order within
+    new_index = torch.full((tok.numel(),), -1, dtype=torch.long)
+    new_index[keep_t] = torch.arange(keep_t.numel())
+    par_k = par[keep_t]
+    parents = torch.where(par_k >= 0, new_index[par_k.clamp(min=0)], par_k)
+    if bool((parents[par_k >= 0] < 0).any()):
+        raise RuntimeError("grow_tree: a chosen node's parent was not chosen (non-finite draft scores?)")
     return DraftTree(tokens=tok[keep_t], parents=parents, depths=dep[keep_t], scores=sc[keep_t])

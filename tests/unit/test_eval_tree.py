@@ -40,7 +40,8 @@ def _path(tree, i):
 
 
 def _random_expand(vocab, seed):
-    """Log-probabilities that depend on the parent token and depth (a Markov drafter)."""
+    """Logits that depend on the parent token and depth (a Markov drafter), normalised (so the scores can
+    be checked against them)."""
     g = torch.Generator().manual_seed(seed)
     table = torch.log_softmax(torch.randn(8, vocab, vocab, generator=g) * 2, dim=-1)
 

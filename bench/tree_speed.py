@@ -1,0 +1,141 @@
+"""Benchmark (not a test): one draft decoded with chain and with tree verification, each against plain decoding.
+
+    OMP_NUM_THREADS=1 .venv/bin/python bench/tree_speed.py --label shipped \
+        --settings chain@float32 chain@bfloat16 tree16x4@bfloat16
+
+Each setting is ``KIND@DTYPE``: ``chain`` (verify the γ drafts) or ``treeNxW`` (`eval.tree_nodes=N
+eval.tree_width=W`), with the target in DTYPE.  Every setting is one greedy `deepspec eval` of the same
+prompts (first turns, ``--max-new-tokens``) in its own process, one after the other (so no two share the
+CPU), with its own plain-decoding baseline in the same dtype.  Reported per setting: macro τ with its
+bootstrap interval, the speedup over its own baseline, the per-round split (draft / verify / overhead ms)
+beside plain decoding's ms per token, and the speedup over the **fastest** plain decoding measured in any
+setting (a bf16 verification is compared with whichever dtype decodes plainly faster on this machine).
+Paired τ ratios: each tree over the chain of the same dtype.  Outputs go to ``--work/LABEL/SETTING``; a
+finished eval with the same config is reused.  Writes `bench/results/tree_speed[-LABEL].{json,md}`.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Dict, List
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.eval_tables import eval_summary, fmt_ci, paired_ratio, read_jsonl, request_table  # noqa: E402
+from bench.records import repo_relative, write_record  # noqa: E402
+from bench.reference import DOMAIN_BENCHES  # noqa: E402
+
+SETTING = re.compile(r"^(chain|tree(\d+)x(\d+))@(float32|bfloat16|float16)$")
+
+
+def parse_setting(s: str) -> Dict[str, Any]:
+    m = SETTING.match(s)
+    if not m:
+        raise SystemExit(f"--settings {s!r}: expected chain@DTYPE or treeNxW@DTYPE (DTYPE float32, bfloat16, float16)")
+    tree = (int(m.group(2)), int(m.group(3))) if m.group(2) else None
+    if tree and min(tree) < 1:
+        raise SystemExit(f"--settings {s!r}: tree nodes and width must be ≥ 1")
+    return {"name": s, "tree": tree, "dtype": m.group(4)}
+
+
+def overrides(args, setting: Dict[str, Any], out: Path) -> List[str]:
+    ov = [f"target={args.target}", f"target.dtype={setting['dtype']}", f"eval.checkpoint={args.checkpoint}",
+          f"eval.data_dir={args.data_dir}", f"eval.benchmarks=[{','.join(args.benchmarks)}]",
+          f"eval.max_samples={args.max_samples}", f"eval.max_new_tokens={args.max_new_tokens}",
+          "eval.temperature=0", "eval.multi_turn=false", "eval.progress=false",
+          f"eval.bootstrap_resamples={args.resamples}", f"eval.out_dir={out}"]
+    if setting["tree"]:
+        ov += [f"eval.tree_nodes={setting['tree'][0]}", f"eval.tree_width={setting['tree'][1]}"]
+    return ov + list(args.extra)
+
+
+def run_setting(args, setting: Dict[str, Any], out: Path) -> Dict[str, Any]:
+    cmd = [sys.executable, "-m", "deepspec.cli", "eval", *overrides(args, setting, out)]
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
+    print(f"[{setting['name']}] {' '.join(cmd[3:])}", flush=True)
+    subprocess.run(cmd, check=True, env=env, cwd=REPO)
+    return json.loads((out / "results.json").read_text())
+
+
+def collect(results: Dict[str, Dict[str, Any]], dirs: Dict[str, Path], settings, resamples: int, seed: int):
+    summaries = {n: eval_summary(r) for n, r in results.items()}
+    plain = {n: s["speed"]["baseline_tokens_per_s"] for n, s in summaries.items()}
+    fastest = max(plain, key=lambda n: plain[n] or 0.0)
+    for n, s in summaries.items():
+        tps = s["speed"]["spec_tokens_per_s"]
+        s["speed"]["speedup_over_fastest_plain"] = tps / plain[fastest] if tps and plain[fastest] else None
+    tables = {n: request_table(read_jsonl(d / "samples.jsonl")) for n, d in dirs.items()}
+    ratios = {}
+    for st in settings:
+        chain = f"chain@{st['dtype']}"
+        if st["tree"] and chain in tables:
+            ratios[f"{st['name']} / {chain}"] = paired_ratio(tables[st["name"]], tables[chain], resamples, seed)
+    return summaries, {"setting": fastest, "tokens_per_s": plain[fastest]}, ratios
+
+
+def markdown(rec: Dict[str, Any]) -> str:
+    a = rec["args"]
+    out = [f"# tree_speed{('-' + rec['label']) if rec.get('label') else ''}", "", f"`{rec['command']}`", "",
+           f"{rec['date']}; draft `{a['checkpoint']}`; {len(a['benchmarks'])} benchmarks × {a['max_samples']} prompts "
+           f"(first turns), {a['max_new_tokens']} new tokens, greedy, {a['threads']} thread(s); settings run one at a "
+           f"time. Fastest plain decoding: `{rec['fastest_plain']['setting']}` baseline, "
+           f"{rec['fastest_plain']['tokens_per_s']:.2f} tokens/s.", "",
+           "| setting | macro τ [95% CI] | verified / round | speedup (own dtype's plain) | speedup (fastest plain) "
+           "| draft ms | verify ms | overhead ms | plain ms/token | greedy identical |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for n, s in rec["settings"].items():
+        sp, m, g = s["speed"], s["macro"], s.get("greedy_check") or {}
+        out.append(f"| {n} | {fmt_ci(m.get('tau'), m.get('tau_ci95'))} | {sp.get('verified_tokens_per_round') or float('nan'):.1f} "
+                   f"| {sp['speedup_pooled']:.3f}× | {sp['speedup_over_fastest_plain']:.3f}× | {sp['draft_ms']:.1f} "
+                   f"| {sp['verify_ms']:.1f} | {sp['overhead_ms']:.1f} | {sp['plain_decode_ms_per_token']:.1f} "
+                   f"| {g.get('matched')}/{g.get('compared')} |")
+    if rec["ratios"]:
+        out += ["", "| paired τ ratio | macro [95% CI] |", "|---|---|"]
+        out += [f"| {k} | {fmt_ci(v['ratio'], v['ratio_ci95'], 3)} |" for k, v in rec["ratios"].items()]
+    return "\n".join(out) + "\n"
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoint", default=str(REPO / "deepspec" / "shipped" / "smollm2-135m-dspark"))
+    p.add_argument("--target", default="smollm2_135m", help="the target config group")
+    p.add_argument("--settings", nargs="+", default=["chain@float32", "chain@bfloat16", "tree16x4@bfloat16"])
+    p.add_argument("--benchmarks", nargs="+", default=DOMAIN_BENCHES)
+    p.add_argument("--max-samples", type=int, default=20)
+    p.add_argument("--max-new-tokens", type=int, default=40)
+    p.add_argument("--data-dir", default=str(REPO.parent / "shared" / "eval_datasets"))
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--resamples", type=int, default=1000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--extra", nargs="*", default=[], metavar="KEY=VALUE", help="more eval overrides")
+    p.add_argument("--work", default=str(REPO / "bench" / "work" / "tree_speed"))
+    p.add_argument("--label", default=None)
+    p.add_argument("--out", default=None, help="record path (default: bench/results/tree_speed[-LABEL].json)")
+    args = p.parse_args(argv)
+    settings = [parse_setting(s) for s in args.settings]
+    if len({s["name"] for s in settings}) != len(settings):
+        raise SystemExit("--settings: each setting once")
+    work = Path(args.work) / (args.label or "default")
+    dirs = {s["name"]: work / s["name"].replace("@", "_") for s in settings}
+    results = {s["name"]: run_setting(args, s, dirs[s["name"]]) for s in settings}
+    summaries, fastest, ratios = collect(results, dirs, settings, args.resamples, args.seed)
+    rec = {"script": "tree_speed", "label": args.label, "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+           "command": repo_relative(" ".join([Path(sys.executable).name, *sys.argv])),
+           "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+           "args": {k: (repo_relative(v) if isinstance(v, str) else v) for k, v in vars(args).items()},
+           "settings": summaries, "fastest_plain": fastest, "ratios": ratios}
+    path = write_record(rec, "tree_speed", out=args.out, label=args.label)
+    path.with_suffix(".md").write_text(markdown(rec))
+    print(markdown(rec))
+
+
+if __name__ == "__main__":
+    main()
