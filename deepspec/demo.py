@@ -23,6 +23,9 @@ from .prepare import build_cache, regenerate
 from .train.loop import run as run_train
 
 log = logging.getLogger(__name__)
+# The shipped draft's tree (eval.tree_nodes, eval.tree_width): chosen on 48 ShareGPT prompts that neither
+# training nor the benchmarks use (docs/benchmarks-notes.md, "Tree verification").
+TREE = (16, 4)
 
 
 def _banner(text: str) -> None:
@@ -48,14 +51,19 @@ def tau_table(results: dict) -> str:
 
 
 def side_by_side(named: dict) -> str:
-    """Markdown: overall τ, wall-clock speedup over plain decoding and the per-round split per draft."""
-    rows = ["| draft | overall τ | speedup vs plain decoding | tokens/s spec | tokens/s plain |",
-            "|---|---|---|---|---|"]
+    """Markdown: overall τ, wall-clock speedup over plain decoding (the run's own, in its target dtype, and
+    the fastest plain decoding of any run here) and tokens/s per draft."""
+    plain = [((r.get("speed") or {}).get("baseline") or {}).get("tokens_per_s") for r in named.values()]
+    fastest = max((p for p in plain if p), default=None)
+    rows = ["| draft | overall τ | speedup vs plain decoding | vs the fastest plain decoding | tokens/s spec | "
+            "tokens/s plain |", "|---|---|---|---|---|---|"]
     for name, r in named.items():
         sp = r.get("speed", {})
         spec, base = sp.get("spec") or {}, sp.get("baseline") or {}
+        tps = spec.get("tokens_per_s")
         rows.append(f"| {name} | {_f(r.get('overall', {}).get('tau'))} | {_f(sp.get('speedup'), '.2f')}× | "
-                    f"{_f(spec.get('tokens_per_s'), '.1f')} | {_f(base.get('tokens_per_s'), '.1f')} |")
+                    f"{_f(tps / fastest if tps and fastest else None, '.2f')}× | "
+                    f"{_f(tps, '.1f')} | {_f(base.get('tokens_per_s'), '.1f')} |")
     return "\n".join(rows)
 
 
@@ -63,13 +71,19 @@ def _verified(results: dict):
     return ((results.get("speed") or {}).get("round_split") or {}).get("verified_tokens_per_round")
 
 
-def _eval_shipped(cfg: DeepSpecConfig, shipped: Path, name: str, scheduler: bool = False) -> dict:
+def _eval_shipped(cfg: DeepSpecConfig, shipped: Path, name: str, scheduler: bool = False,
+                  tree: bool = False) -> dict:
     """Eval of the shipped draft on the demo's prompts; ``scheduler``: the prefix scheduler (paper Alg. 1)
     picks each round's verification length from the draft's calibrated confidences and SPS(B) profiled
-    here for B = 1..γ+1, with the draft's cost measured in the warm-up."""
+    here for B = 1..γ+1, with the draft's cost measured in the warm-up; ``tree``: tree verification
+    (`TREE` nodes and width) with the target in bf16, where a CPU verifies 17 tokens for about the
+    price of one."""
     c = copy.deepcopy(cfg)
     c.eval.checkpoint = str(shipped)
     c.eval.out_dir = str(eval_dir(cfg).parent / name)
+    if tree:
+        c.eval.tree_nodes, c.eval.tree_width = TREE
+        c.target.dtype = "bfloat16"
     if scheduler:
         gamma = int(json.loads((shipped / "config.json").read_text())["draft"]["gamma"])
         c.schedule.policy = "scheduler"
@@ -104,8 +118,12 @@ def run(cfg: DeepSpecConfig) -> int:
                 "(its calibration, this machine's profiled step times)")
         sched = _eval_shipped(cfg, shipped, "eval_shipped_scheduler", scheduler=True)
         print(f"draft tokens verified per round: {_f(_verified(ship), '.1f')} → {_f(_verified(sched), '.1f')}")
+        _banner(f"{shipped.name} once more, verifying a tree of its {TREE[0]} likeliest continuations per round "
+                "(target in bf16)")
+        tree = _eval_shipped(cfg, shipped, "eval_shipped_tree", tree=True)
         print("\n" + side_by_side({"trained just now": results, f"shipped ({shipped.name})": ship,
-                                   f"shipped ({shipped.name}), scheduled verification": sched}))
+                                   f"shipped ({shipped.name}), scheduled verification": sched,
+                                   f"shipped ({shipped.name}), tree verification, bf16": tree}))
     plots = sorted(p.name for p in (eval_dir(cfg) / "plots").glob("*.png")) if (eval_dir(cfg) / "plots").is_dir() else []
     print(f"\nreport: {eval_dir(cfg) / 'report.md'}\nplots:  {eval_dir(cfg) / 'plots'} ({', '.join(plots)})")
     print(f"checkpoint: {ckpt}\ndemo finished in {time.perf_counter() - t0:.0f} s")

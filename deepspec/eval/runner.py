@@ -256,8 +256,7 @@ def evaluate(target, drafter, benchmarks: Mapping[str, Sequence[Sample]], *, gam
         ids = encode_prompt(tok, [{"role": "user", "content": first.turns[0]}], **kw)
         n = min(8, max_new_tokens)
         warm = generate(target, drafter, ids, gamma=gamma, max_new_tokens=n, warp=warp,
-                                    generator=request_generator(target.device, seed, "warmup"),
-                                    eos_token_ids=eos, policy=policy)
+                        generator=request_generator(target.device, seed, "warmup"), eos_token_ids=eos, policy=policy)
         if getattr(policy, "overhead_s", 0.0) is None and warm.rounds:   # a scheduler whose draft cost is unset
             policy.overhead_s = statistics.median(r.t_draft for r in warm.rounds)
             log.info("eval: scheduler draft overhead %.1f ms per round (median of %d warm-up rounds)",
@@ -281,9 +280,9 @@ def evaluate(target, drafter, benchmarks: Mapping[str, Sequence[Sample]], *, gam
                     if rollout_sink is not None:
                         def sink(rnd, rs, _rid=rid, _meta=meta):
                             rollout_sink(_rollout_line(_rid, rnd, rs, _meta))
-                    spec = generate(target, drafter, ids, gamma=gamma, max_new_tokens=max_new_tokens,
-                                                warp=warp, generator=request_generator(target.device, seed, rid),
-                                                eos_token_ids=eos, policy=policy, on_round=sink)
+                    spec = generate(target, drafter, ids, gamma=gamma, max_new_tokens=max_new_tokens, warp=warp,
+                                    generator=request_generator(target.device, seed, rid), eos_token_ids=eos,
+                                    policy=policy, on_round=sink)
                     base = None
                     if measure_baseline:
                         base = target_generate(target, ids, max_new_tokens=max_new_tokens, warp=warp,
@@ -375,8 +374,8 @@ def run(cfg) -> Dict[str, Any]:
     policy, temps = build_policy(cfg, target)
     warp = make_warp(ec.temperature, ec.top_k, ec.top_p)
     tree = tree_setting(cfg, drafter, policy, warp)
-    log.info("eval: %d benchmarks, γ=%d, %s, policy=%s → %s", len(benches), gamma, warp.describe(),
-             getattr(policy, "name", type(policy).__name__), out)
+    policy_name = f"tree(nodes={tree[0]}, width={tree[1]})" if tree else getattr(policy, "name", type(policy).__name__)
+    log.info("eval: %d benchmarks, γ=%d, %s, policy=%s → %s", len(benches), gamma, warp.describe(), policy_name, out)
     rollout_path = out / ROLLOUTS_FILENAME
     with open(rollout_path, "w", encoding="utf-8") as rf:
         def sink(line: str) -> None:
@@ -391,8 +390,7 @@ def run(cfg) -> Dict[str, Any]:
     summary = summarize(records, gamma, temps, greedy=warp.greedy,
                         bootstrap_resamples=ec.bootstrap_resamples, bootstrap_seed=ec.seed)
     summary["setup"] = {"target": f"{target.name} ({cfg.target.path})", "drafter": f"{dinfo['algorithm']} ({dinfo['source']})",
-                        "policy": (f"tree(nodes={tree[0]}, width={tree[1]})" if tree
-                                   else getattr(policy, "name", type(policy).__name__)), "warp": warp.describe(),
+                        "policy": policy_name, "warp": warp.describe(),
                         "max_new_tokens": ec.max_new_tokens, "max_samples": ec.max_samples,
                         "multi_turn": ec.multi_turn, "device": str(target.device), "dtype": str(target.dtype)}
     if hasattr(policy, "overhead_s"):

@@ -52,6 +52,11 @@ def test_reduced_demo_end_to_end(tmp_path, reference_target_dir, eval_data_dir):
     assert sched["setup"]["policy"] == "scheduler" and sched["setup"]["draft_overhead_s"] > 0
     assert sched["greedy_check"]["matched"] == sched["greedy_check"]["compared"]
     assert sched["confidence"]["temperatures"]        # the calibration shipped beside the draft was applied
+    # and with tree verification (bf16 target: mismatches from bf16 numerics are possible, so only counted)
+    assert "| shipped (smollm2-135m-dspark), tree verification, bf16 |" in out and "vs the fastest plain" in out
+    tree = json.loads((report.parent.parent / "eval_shipped_tree" / "results.json").read_text())
+    assert tree["setup"]["policy"].startswith("tree(") and tree["setup"]["dtype"] == "torch.bfloat16"
+    assert tree["greedy_check"]["compared"] == gc["compared"]
     assert (run_dir / "resolved_config.yaml").is_file() or list(run_dir.rglob("resolved_config.yaml"))
     ckpt_lines = [l for l in out.splitlines() if l.startswith("checkpoint:")]
     assert ckpt_lines and Path(ckpt_lines[0].split(":", 1)[1].strip()).exists()
