@@ -11,7 +11,9 @@ bootstrap interval, the speedup over its own baseline, the per-round split (draf
 beside plain decoding's ms per token, and the speedup over the **fastest** plain decoding measured in any
 setting (a bf16 verification is compared with whichever dtype decodes plainly faster on this machine).
 Paired τ ratios: each tree over the chain of the same dtype.  Outputs go to ``--work/LABEL/SETTING``; a
-finished eval with the same config is reused.  Writes `bench/results/tree_speed[-LABEL].{json,md}`.
+finished eval with the same config and checkpoint files is reused; ``--no-eval`` decodes nothing and
+combines the evals already finished there (each keeps the settings it ran with: its results.json says
+which).  Writes `bench/results/tree_speed[-LABEL].{json,md}`.
 """
 from __future__ import annotations
 
@@ -58,6 +60,10 @@ def overrides(args, setting: Dict[str, Any], out: Path) -> List[str]:
 
 
 def run_setting(args, setting: Dict[str, Any], out: Path) -> Dict[str, Any]:
+    if args.no_eval:
+        if not (out / "results.json").is_file() or not (out / "samples.jsonl").is_file():
+            raise SystemExit(f"--no-eval: {out} holds no finished eval of {setting['name']}")
+        return json.loads((out / "results.json").read_text())
     cmd = [sys.executable, "-m", "deepspec.cli", "eval", *overrides(args, setting, out)]
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
     print(f"[{setting['name']}] {' '.join(cmd[3:])}", flush=True)
@@ -118,6 +124,7 @@ def main(argv=None) -> None:
     p.add_argument("--extra", nargs="*", default=[], metavar="KEY=VALUE", help="more eval overrides")
     p.add_argument("--work", default=str(REPO / "bench" / "work" / "tree_speed"))
     p.add_argument("--label", default=None)
+    p.add_argument("--no-eval", action="store_true", help="combine the evals finished under --work/LABEL")
     p.add_argument("--out", default=None, help="record path (default: bench/results/tree_speed[-LABEL].json)")
     args = p.parse_args(argv)
     settings = [parse_setting(s) for s in args.settings]

@@ -25,7 +25,7 @@ from .train.loop import run as run_train
 log = logging.getLogger(__name__)
 # The shipped draft's tree (eval.tree_nodes, eval.tree_width): chosen on 48 ShareGPT prompts that neither
 # training nor the benchmarks use (docs/benchmarks-notes.md, "Tree verification").
-TREE = (16, 4)
+TREE = (16, 8)
 
 
 def _banner(text: str) -> None:

@@ -90,6 +90,7 @@ def init_linear_weights(module: nn.Module, std: float = 0.02) -> None:
 
 class Drafter(nn.Module):
     """Base of all drafters. Subclasses implement `forward`, `init_state`, `propose`, `advance`."""
+    drafts_trees = False     # True where `propose_tree` is implemented (tree verification)
 
     def __init__(self, target, cfg: DraftConfig):
         super().__init__()

@@ -70,6 +70,8 @@ def _gather_pos(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
 @register_drafter("dspark")
 @register_drafter("dflash", sequential_head="none", confidence_head=False)
 class ParallelDrafter(Drafter):
+    drafts_trees = True
+
     def __init__(self, target, cfg):
         super().__init__(target, cfg)
         cfg = self.cfg

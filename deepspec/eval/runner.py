@@ -373,7 +373,7 @@ def run(cfg) -> Dict[str, Any]:
     gamma = int(ec.gamma or dinfo["gamma"])
     policy, temps = build_policy(cfg, target)
     warp = make_warp(ec.temperature, ec.top_k, ec.top_p)
-    tree = tree_setting(cfg, drafter, policy, warp)
+    tree = tree_setting(cfg, target, drafter, policy, warp)
     policy_name = f"tree(nodes={tree[0]}, width={tree[1]})" if tree else getattr(policy, "name", type(policy).__name__)
     log.info("eval: %d benchmarks, γ=%d, %s, policy=%s → %s", len(benches), gamma, warp.describe(), policy_name, out)
     rollout_path = out / ROLLOUTS_FILENAME

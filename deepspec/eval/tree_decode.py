@@ -91,7 +91,7 @@ def tree_generate(target, drafter, prompt_ids, *, gamma: int, nodes: int, width:
     return loop.finish()
 
 
-def tree_setting(cfg, drafter, policy, warp) -> Optional[Tuple[int, int]]:
+def tree_setting(cfg, target, drafter, policy, warp) -> Optional[Tuple[int, int]]:
     """(nodes, width) when ``eval.tree_nodes`` asks for tree verification, after checking it can run."""
     ec = cfg.eval
     if ec.tree_nodes is None:
@@ -104,6 +104,12 @@ def tree_setting(cfg, drafter, policy, warp) -> Optional[Tuple[int, int]]:
     if getattr(policy, "name", None) != "fixed":
         raise ConfigError(f"eval.tree_nodes: the tree replaces the verification-length policy; "
                           f"schedule.policy={cfg.schedule.policy} / eval.confidence_threshold cannot be combined with it")
-    if not callable(getattr(drafter, "propose_tree", None)):
-        raise ConfigError(f"eval.tree_nodes: the {type(drafter).__name__} drafter cannot draft trees")
+    if not getattr(drafter, "drafts_trees", False):
+        name = getattr(drafter, "algorithm", type(drafter).__name__)
+        raise ConfigError(f"eval.tree_nodes: the {name} drafter drafts chains only; tree verification needs a "
+                          "parallel drafter (dspark, dflash)")
+    try:
+        check_tree_target(target)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     return int(ec.tree_nodes), int(ec.tree_width)

@@ -32,5 +32,14 @@ def test_tree_speed_record(tmp_path, eval_data_dir, bench_module):
     r = rec["ratios"]["tree6x2@float32 / chain@float32"]
     assert r["ratio"] == pytest.approx(r["tau_a"] / r["tau_b"]) and len(r["ratio_ci95"]) == 2
     assert "tree6x2@float32" in out.with_suffix(".md").read_text()
+    # --no-eval combines the finished evals into the same record, and names a setting that never ran
+    again = tmp_path / "again.json"
+    base = ["--checkpoint", str(ckpt), "--benchmarks", "gsm8k", "mt-bench", "--max-samples", "2",
+            "--max-new-tokens", "8", "--data-dir", str(eval_data_dir), "--resamples", "50",
+            "--work", str(tmp_path / "work"), "--no-eval"]
+    mod.main(base + ["--settings", "chain@float32", "tree6x2@float32", "--out", str(again)])
+    assert json.loads(again.read_text())["ratios"] == rec["ratios"]
+    with pytest.raises(SystemExit, match="no finished eval of tree9x3@float32"):
+        mod.main(base + ["--settings", "tree9x3@float32", "--out", str(tmp_path / "x.json")])
     with pytest.raises(SystemExit, match="treeNxW"):
         mod.parse_setting("tree6@float32")

@@ -165,6 +165,8 @@ def test_eval_tree_verification(tmp_path, eval_data_dir):
     assert all(r["meta"]["tree"] == [6, 2] and r["confidence"] is None for r in rolls)
     for i, (extra, match) in enumerate([("eval.temperature=1.0", "greedy decoding only"),
                                         ("eval.confidence_threshold=0.5", "cannot be combined"),
-                                        ("eval.tree_width=0", "must be ≥ 1")]):
+                                        ("eval.tree_width=0", "must be ≥ 1"),
+                                        ("draft=eagle3", "eagle3 drafter drafts chains only"),
+                                        ("target.path=tiny:gemma3", "sliding-window")]):
         with pytest.raises(ConfigError, match=match):
             run(_cfg(tmp_path / f"bad{i}", eval_data_dir, "eval.tree_nodes=6", extra))
