@@ -2,9 +2,10 @@
 
 A chain drafts one token per block position; at position 1 a converged draft on a small target
 proposes the target's token about 40% of the time, but the target's token is among the draft's top
-four about 57% of the time.  Where one verification forward of 8–24 tokens costs about what one of 8
-costs (a memory-bound target), verifying a tree of the likeliest continuations raises the tokens per
-round at almost no extra cost per round.
+four about 57% of the time.  Where a verification forward of 16 tokens costs little more than one of 8
+(a memory-bound target: bf16 on a CPU, most GPUs at batch 1), verifying a tree of the likeliest
+continuations raises the tokens per round for a smaller rise in the cost of a round (measured in
+docs/benchmarks-notes.md, "Tree verification").
 
 `grow_tree` builds the tree level by level, as EAGLE-2 does: at each depth the ``width`` nodes with
 the highest cumulative draft log-probability are expanded, each into its ``width`` likeliest
