@@ -36,7 +36,7 @@ from .sampling import Warp, sample_token
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RoundStats", "GenerationResult", "speculative_generate", "target_generate",
+__all__ = ["RoundStats", "GenerationResult", "DecodeLoop", "speculative_generate", "target_generate",
            "FixedLengthPolicy"]
 
 
@@ -189,7 +189,7 @@ def _verify_length(policy, conf: Optional[List[float]], drafted: int) -> int:
     return max(0, min(int(ell[0]), drafted))
 
 
-class _Loop:
+class DecodeLoop:
     """What the chain loop and the tree loop (`tree_decode`) share: the prefill (the prompt's forward,
     the drafter's state, the first token), the emitted tokens, each round's record and the finish."""
 
@@ -260,7 +260,7 @@ def speculative_generate(target, drafter, prompt_ids, *, gamma: int, max_new_tok
     after each round (rollout logging)."""
     if gamma < 1:
         raise ValueError(f"gamma must be >= 1, got {gamma}")
-    loop = _Loop(target, drafter, prompt_ids, warp, generator, eos_token_ids, max_new_tokens, on_round)
+    loop = DecodeLoop(target, drafter, prompt_ids, warp, generator, eos_token_ids, max_new_tokens, on_round)
     device, marks, state = loop.device, loop.marks, loop.state
     while loop.stop is None:
         anchor = loop.anchor

@@ -22,7 +22,7 @@ import torch
 from ..config import ConfigError
 from ..targets.tree import check_tree_target, tree_inputs
 from .sampling import Warp
-from .speculative import GenerationResult, RoundStats, _Loop
+from .speculative import DecodeLoop, GenerationResult, RoundStats
 
 __all__ = ["accept_tree_greedy", "tree_generate", "tree_setting"]
 
@@ -58,7 +58,7 @@ def tree_generate(target, drafter, prompt_ids, *, gamma: int, nodes: int, width:
     if gamma < 1 or nodes < 1 or width < 1:
         raise ValueError(f"tree decoding needs gamma, nodes and width ≥ 1 (got {gamma}, {nodes}, {width})")
     check_tree_target(target)
-    loop = _Loop(target, drafter, prompt_ids, warp, generator, eos_token_ids, max_new_tokens, on_round)
+    loop = DecodeLoop(target, drafter, prompt_ids, warp, generator, eos_token_ids, max_new_tokens, on_round)
     device, marks, state = loop.device, loop.marks, loop.state
     empty = torch.zeros(0, dtype=torch.long)
     while loop.stop is None:
