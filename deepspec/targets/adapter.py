@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from .attention import cache_kwarg, offset_causal, supported as attention_supported
+from .attention import cache_kwarg, offset_causal, supported as attention_supported, tree_causal
 from .chat import ChatEncoding, encode_chat
 
 log = logging.getLogger(__name__)
@@ -218,8 +218,14 @@ class TargetAdapter:
         kw = {self._cache_kwarg: past_key_values}
         if position_ids is not None:
             kw["position_ids"] = position_ids.to(self.device)
-        fast = attention_mask is None and input_ids.shape[0] == 1 and self._use_offset_causal()
-        with self._record_layers() as rec, (offset_causal(self.model) if fast else nullcontext()):
+        one = input_ids.shape[0] == 1 and self._use_offset_causal()
+        if one and attention_mask is None:
+            ctx = offset_causal(self.model)
+        elif one and attention_mask is not None and attention_mask.dim() == 4:   # a draft tree
+            ctx = tree_causal(self.model)
+        else:
+            ctx = nullcontext()
+        with self._record_layers() as rec, ctx:
             out = self.decoder(input_ids=input_ids.to(self.device), attention_mask=attention_mask,
                                use_cache=True, **kw)
         last = out.last_hidden_state
@@ -227,11 +233,8 @@ class TargetAdapter:
                             last_hidden=last, past_key_values=past_key_values)
 
     def _use_offset_causal(self) -> bool:
-        """`fast_attention`: None = on CUDA where the model supports it (`targets/attention.py`)."""
-        want = self.fast_attention
-        if want is None:
-            want = self.device.type == "cuda"
-        if not want:
+        """`fast_attention`: None = wherever the model supports it (`targets/attention.py`)."""
+        if self.fast_attention is False:
             return False
         if self._offset_ok is None:
             self._offset_ok = attention_supported(self.model)

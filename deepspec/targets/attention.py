@@ -11,12 +11,15 @@ mask into a dense float bias per layer.  Here instead:
 - queries == keys (prefill):           ``is_causal=True`` (upper-left = lower-right here), GQA in SDPA;
 - queries  < keys (verification):      a lower-right causal bias (`torch.nn.attention.bias.causal_lower_right`),
                                        which CUDA's flash / memory-efficient kernels apply without any mask
-                                       tensor (K/V repeated to the query heads for them); elsewhere torch
-                                       materialises the same boolean mask.
+                                       tensor (K/V repeated to the query heads for them); on the CPU one
+                                       materialised boolean mask with GQA inside SDPA (transformers repeats
+                                       K/V whenever there is a mask: twice the attention time);
+- a draft tree (`targets/tree.py`):    its 4-D ancestor mask, GQA inside SDPA (`tree_attention`).
 
-It is registered with transformers under `IMPLEMENTATION` together with a mask function that returns
-no mask, and switched on only for the duration of such a forward (`offset_causal`).  Models with
-sliding-window or soft-capped attention keep the stock path (`supported`).
+They are registered with transformers under `IMPLEMENTATION` / `TREE_IMPLEMENTATION` together with a
+mask function that returns no mask, and switched on only for the duration of such a forward
+(`offset_causal`, `tree_causal`).  Models with sliding-window or soft-capped attention keep the stock
+path (`supported`).
 """
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
 IMPLEMENTATION = "deepspec_offset_causal"
+TREE_IMPLEMENTATION = "deepspec_tree"
 _registered = False
 
 
@@ -43,12 +47,29 @@ def offset_causal_attention(module, query: torch.Tensor, key: torch.Tensor, valu
     if q_len == 1 or q_len == kv_len:
         out = F.scaled_dot_product_attention(query, key, value, dropout_p=dropout, scale=scaling,
                                              is_causal=q_len > 1, enable_gqa=rep > 1)
+    elif query.device.type != "cuda":
+        # CPU: one materialised lower-right mask, GQA inside SDPA (no K/V copies; bit-identical, half the time)
+        mask = torch.ones(q_len, kv_len, dtype=torch.bool, device=query.device).tril(kv_len - q_len)
+        out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling,
+                                             enable_gqa=rep > 1)
     else:
         if rep > 1:
             key = key.repeat_interleave(rep, dim=1)
             value = value.repeat_interleave(rep, dim=1)
         out = F.scaled_dot_product_attention(query, key, value, attn_mask=causal_lower_right(q_len, kv_len),
                                              dropout_p=dropout, scale=scaling)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def tree_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                   attention_mask: Optional[torch.Tensor], dropout: float = 0.0,
+                   scaling: Optional[float] = None, **kwargs):
+    """A tree verification (`targets/tree.py`): the given 4-D mask, GQA inside SDPA (no K/V copies)."""
+    if attention_mask is None:
+        raise RuntimeError(f"{TREE_IMPLEMENTATION} needs the tree's attention mask")
+    rep = query.shape[1] // key.shape[1]
+    out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout,
+                                         scale=scaling, enable_gqa=rep > 1)
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -68,6 +89,8 @@ def register() -> bool:
         return False
     AttentionInterface.register(IMPLEMENTATION, offset_causal_attention)
     AttentionMaskInterface.register(IMPLEMENTATION, _no_mask)
+    AttentionInterface.register(TREE_IMPLEMENTATION, tree_attention)
+    AttentionMaskInterface.register(TREE_IMPLEMENTATION, _no_mask)
     _registered = True
     return True
 
@@ -102,6 +125,11 @@ def attention_implementation(model, name: str):
 def offset_causal(model):
     """`attention_implementation` with `offset_causal_attention`."""
     return attention_implementation(model, IMPLEMENTATION)
+
+
+def tree_causal(model):
+    """`attention_implementation` with `tree_attention`."""
+    return attention_implementation(model, TREE_IMPLEMENTATION)
 
 
 def cache_kwarg(forward) -> str:

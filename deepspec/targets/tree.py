@@ -4,9 +4,9 @@ Query row 0 is the anchor, row ``i ≥ 1`` the tree's node ``i − 1``.  Each ro
 KV cache and to its own ancestors in the tree (itself included), and sits at position
 ``cache length + depth`` — so every root-to-node path sees exactly what a chain forward over that path
 would see, and its logits are that chain's logits (up to the rounding of a different kernel shape).
-transformers takes such a 4-D mask as it is; with it the stock attention runs (boolean for ``sdpa``,
-additive for the others).  Sliding-window layers would need the window inside the mask, so those
-targets are refused.
+transformers takes such a 4-D (additive) mask as it is; `TargetAdapter.decode` runs it through
+`attention.tree_attention` (GQA inside SDPA) where the model allows, else through the stock attention.
+Sliding-window layers would need the window inside the mask, so those targets are refused.
 """
 from __future__ import annotations
 
@@ -49,9 +49,6 @@ def tree_inputs(target, parents: torch.Tensor, depths: torch.Tensor, past: int) 
     anc = ancestor_mask(parents)
     allowed = torch.cat([torch.ones(anc.shape[0], past, dtype=torch.bool), anc], dim=1)[None, None]
     pos = torch.cat([torch.zeros(1, dtype=torch.long), depths.long().cpu()]) + past
-    if getattr(target.model.config, "_attn_implementation", "sdpa") == "sdpa":
-        mask = allowed
-    else:   # eager and the rest add the mask to the scores
-        dt = target.dtype
-        mask = torch.zeros(allowed.shape, dtype=dt).masked_fill(~allowed, torch.finfo(dt).min)
+    # additive (0 / −∞-like): what every attention path takes, and SDPA's fastest form on the CPU
+    mask = torch.zeros(allowed.shape, dtype=target.dtype).masked_fill(~allowed, torch.finfo(target.dtype).min)
     return mask.to(target.device), pos[None].to(target.device)

@@ -97,7 +97,8 @@ def test_ancestor_mask_and_positions(tiny_llama):
     with pytest.raises(ValueError, match="parents must come before"):
         ancestor_mask(torch.tensor([-1, 2, 0]))
     mask, pos = tree_inputs(tiny_llama, parents, torch.tensor([1, 1, 2, 3, 2]), past=4)
-    assert mask.shape == (1, 1, 6, 10) and bool(mask[0, 0, :, :4].all())
+    assert mask.shape == (1, 1, 6, 10) and bool((mask[0, 0, :, :4] == 0).all())
+    assert torch.equal(mask[0, 0, :, 4:] == 0, m)                     # additive: 0 where allowed
     assert pos.tolist() == [[4, 5, 5, 6, 7, 6]]
 
 
