@@ -295,13 +295,12 @@ class ParallelDrafter(Drafter):
             rows = tokens.shape[0]
             logits = base[k:k + 1].expand(rows, -1)
             if head is not None:
-                if hstate is None and k == 0:
-                    hstate = head.init_state(rows, hn)
                 bias, hstate = head.step(hstate, hn[k:k + 1].expand(rows, -1), head.embed(tokens.to(hn.device)))
                 logits = logits + bias.float()
             return logits, hstate
 
-        return grow_tree(expand, anchor, None, gamma, nodes, width, vocab=self.draft_vocab)
+        root = head.init_state(1, hn) if head is not None else None
+        return grow_tree(expand, anchor, root, gamma, nodes, width, vocab=self.draft_vocab)
 
     @torch.no_grad()
     def propose(self, state: DraftState, anchor: int, gamma: int, warp, generator=None) -> Proposal:

@@ -66,14 +66,16 @@ def grow_tree(expand: Expand, anchor: int, root_state: Any, gamma: int, nodes: i
     f_idx = torch.tensor([-1], dtype=torch.long)
     f_state = root_state
     count = 0
+    vocab = None if vocab is None else vocab.cpu()
     for k in range(gamma):
         logits, new_state = expand(k, f_tok, f_state)
-        logits = logits.float().cpu()
+        logits = logits.float()
         w = min(width, logits.shape[-1])
-        top, top_j = logits.topk(w, dim=-1)                          # [R, w]
-        top_lp = top - logits.logsumexp(dim=-1, keepdim=True)        # their log-probabilities
+        top, top_j = logits.topk(w, dim=-1)                          # [R, w], on the drafter's device
+        top_lp = (top - logits.logsumexp(dim=-1, keepdim=True)).cpu()   # their log-probabilities
+        top_j = top_j.cpu()
         child_score = (f_score[:, None] + top_lp).reshape(-1)
-        child_tok = top_j.reshape(-1) if vocab is None else vocab.cpu()[top_j.reshape(-1)]
+        child_tok = top_j.reshape(-1) if vocab is None else vocab[top_j.reshape(-1)]
         rows = torch.arange(top_j.shape[0]).repeat_interleave(w)    # the parent row of each child
         toks.append(child_tok)
         pars.append(f_idx[rows])

@@ -95,18 +95,21 @@ def register() -> bool:
     return True
 
 
+def full_attention(model) -> bool:
+    """Every layer attends to the whole context (no sliding windows)."""
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    types = getattr(cfg, "layer_types", None)
+    if types:
+        return all(t == "full_attention" for t in types)
+    return not (getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True))
+
+
 def supported(model) -> bool:
     """A plain causal decoder on the stock ``sdpa`` attention: no sliding windows, no soft-capping."""
     cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     if getattr(model.config, "_attn_implementation", None) != "sdpa":
         return False
-    if getattr(cfg, "attn_logit_softcapping", None):
-        return False
-    types = getattr(cfg, "layer_types", None)
-    if types:
-        if any(t != "full_attention" for t in types):
-            return False
-    elif getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True):
+    if getattr(cfg, "attn_logit_softcapping", None) or not full_attention(model):
         return False
     return register()
 

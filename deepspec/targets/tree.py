@@ -14,20 +14,13 @@ from typing import Tuple
 
 import torch
 
-__all__ = ["tree_supported", "check_tree_target", "ancestor_mask", "tree_inputs"]
+from .attention import full_attention
 
-
-def tree_supported(model) -> bool:
-    """A decoder whose every layer attends to the full context (no sliding windows)."""
-    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    types = getattr(cfg, "layer_types", None)
-    if types:
-        return all(t == "full_attention" for t in types)
-    return not (getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True))
+__all__ = ["check_tree_target", "ancestor_mask", "tree_inputs"]
 
 
 def check_tree_target(target) -> None:
-    if not tree_supported(target.model):
+    if not full_attention(target.model):
         raise ValueError(f"target {target.name}: tree verification (eval.tree_nodes) needs full attention in "
                          "every layer; this model has sliding-window layers (use chain verification)")
 
