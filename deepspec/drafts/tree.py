@@ -9,7 +9,9 @@ docs/benchmarks-notes.md, "Tree verification").
 
 `grow_tree` builds the tree level by level, as EAGLE-2 does: at each depth the ``width`` nodes with
 the highest cumulative draft log-probability are expanded, each into its ``width`` likeliest
-children; at the end the ``nodes`` best nodes of everything seen form the tree.  A child's score never
+children; at the end the ``nodes`` best nodes of everything seen form the tree.  Growth stops early
+once no frontier node scores above the ``nodes``-th best node seen: nothing below it could be chosen,
+so the tree is the same and the draft pays only for the depths it can use.  A child's score never
 exceeds its parent's (log-probabilities are ≤ 0; ties are broken towards the shallower node), so the
 selection is always a connected tree rooted at the anchor.
 
@@ -83,8 +85,14 @@ def grow_tree(expand: Expand, anchor: int, root_state: Any, gamma: int, nodes: i
         scores.append(child_score)
         keep = child_score.topk(min(width, child_score.numel())).indices
         f_tok, f_score, f_idx = child_tok[keep], child_score[keep], count + keep
-        f_state = select_rows(new_state, rows[keep])
         count += child_tok.numel()
+        if count >= nodes and k + 1 < gamma:
+            # every deeper node scores at most its frontier ancestor and is deeper than every node seen, so
+            # once no frontier node beats the nodes-th best score seen, no deeper node can be chosen: stop
+            kth = torch.cat(scores).topk(nodes).values[-1]
+            if bool(f_score.max() <= kth):
+                break
+        f_state = select_rows(new_state, rows[keep])
     tok, par, dep, sc = torch.cat(toks), torch.cat(pars), torch.cat(deps), torch.cat(scores)
     # best `nodes` by score, ties to the shallower node: a parent (score ≥ its child's, smaller depth) always
     # ranks before its child, so the chosen nodes form a tree rooted at the anchor

@@ -88,6 +88,46 @@ def test_grow_tree_keeps_the_likeliest_nodes_and_maps_the_vocabulary():
     assert got == {tuple(int(vocab[j]) for j in p) for _, p in best}
 
 
+def _full_growth(expand, anchor, gamma, nodes, width):
+    """Reference: the same beam over every depth (no early stop), then the best ``nodes`` paths with ties to
+    the shallower node, as (score, path) sorted."""
+    seen, frontier = [], [(0.0, (anchor,))]
+    for k in range(gamma):
+        kids = []
+        for score, path in frontier:
+            lp = torch.log_softmax(expand(k, torch.tensor([path[-1]]), None)[0].float(), -1)[0]
+            top = lp.topk(min(width, lp.numel()))
+            kids += [(score + float(v), path + (int(j),)) for v, j in zip(top.values, top.indices)]
+        seen += kids
+        frontier = sorted(kids, key=lambda x: -x[0])[:width]
+    best = sorted(seen, key=lambda x: (-x[0], len(x[1])))[:nodes]
+    return sorted(p[1:] for _, p in best)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_grow_tree_stops_early_without_changing_the_tree(seed):
+    """Growth stops once no frontier node can enter the tree: the tree is the one a full growth gives,
+    and confident-then-flat drafts stop after few depths."""
+    vocab, gamma = 7, 6
+    nodes, width = [(3, 2), (6, 3), (10, 4), (4, 7)][seed % 4]
+    g = torch.Generator().manual_seed(seed)
+    sharp = torch.log_softmax(torch.randn(gamma, vocab, vocab, generator=g) * (1 + seed % 3) * 2, dim=-1)
+    calls = []
+
+    def expand(k, tokens, state):
+        calls.append(k)
+        return sharp[k, tokens], state
+    tree = grow_tree(expand, 0, None, gamma, nodes, width)
+    _check_tree(tree, nodes, gamma)
+    got = sorted(tuple(_path(tree, i)) for i in range(len(tree)))
+    assert got == _full_growth(lambda k, t, s: (sharp[k, t], s), 0, gamma, nodes, width)
+    # flat distributions: after depth 1 every deeper node scores below the nodes-th best of depth 1
+    calls.clear()
+    flat = torch.zeros(gamma, vocab, vocab)
+    grow_tree(lambda k, t, s: (calls.append(k) or flat[k, t], s), 0, None, gamma, 4, 5)
+    assert calls == [0]
+
+
 def test_ancestor_mask_and_positions(tiny_llama):
     parents = torch.tensor([-1, -1, 0, 2, 1])
     m = ancestor_mask(parents)
