@@ -25,6 +25,9 @@ class EvalConfig:
     tree_nodes: Optional[int] = None
     # Tree growth: nodes expanded per depth, and children per expanded node.
     tree_width: int = 4
+    # The drafter's weights while decoding: null = as saved (fp32), float32 | bfloat16 | float16, or
+    # "target" = the target's dtype.  The verification stays the target's, so any dtype is lossless.
+    draft_dtype: Optional[str] = None
     multi_turn: bool = True
     measure_baseline: bool = True
     seed: int = 0

@@ -32,14 +32,10 @@ from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
 from ..config import save_config
-from ..drafts.registry import build_drafter, load_drafter
 from ..paths import eval_dir
-from ..schedule.calibration import Calibration, find_calibration
-from ..schedule.prefix_scheduler import policy_from_config
 from ..targets import load_target
 from ..targets.chat import encode_prompt
 from ..utils.fs import atomic_write, jsonl_line
-from . import reference_drafters  # noqa: F401  (registers target_as_draft / fixed_distribution_draft)
 from .benchmarks import Sample, domain_of, load_benchmarks
 from .bootstrap import LEVEL, benchmark_interval, bootstrap_intervals, request_totals
 from .latency import format_round_split, round_split
@@ -47,12 +43,13 @@ from .metrics import (acceptance_metrics, cumulative_confidence_points, macro_av
                       speed_metrics, threshold_sweep)
 from .report import make_plots, write_report
 from .sampling import Warp, make_warp
+from .setup import build_policy, load_eval_drafter
 from .speculative import GenerationResult, RoundStats, speculative_generate, target_generate
 from .tree_decode import tree_generate, tree_setting
 
 log = logging.getLogger(__name__)
 
-__all__ = ["run", "evaluate", "load_eval_drafter", "build_policy", "RequestRecord", "ROLLOUTS_FILENAME"]
+__all__ = ["run", "evaluate", "RequestRecord", "ROLLOUTS_FILENAME"]
 
 ROLLOUTS_FILENAME = "rollouts.jsonl"
 
@@ -94,52 +91,6 @@ def request_generator(device, seed: int, request_id: str) -> torch.Generator:
     g = torch.Generator(device=device)
     g.manual_seed((int(seed) * 1_000_003 + zlib.crc32(request_id.encode())) % (2 ** 63))
     return g
-
-
-def drafter_gamma(drafter, default: int = 7) -> int:
-    g = getattr(drafter, "gamma", None)
-    if g is None:
-        g = getattr(getattr(drafter, "cfg", None), "gamma", None)
-    return int(g or default)
-
-
-def load_eval_drafter(cfg, target) -> Tuple[Any, Dict[str, Any]]:
-    """The drafter of ``eval.checkpoint`` (or a random-init ``cfg.draft`` with a warning)."""
-    ckpt = cfg.eval.checkpoint
-    if ckpt:
-        drafter = load_drafter(ckpt, target)
-        source = str(ckpt)
-    else:
-        algo = cfg.draft.algorithm
-        if algo not in ("target_as_draft", "fixed_distribution_draft"):
-            log.warning("eval.checkpoint is not set: evaluating a RANDOMLY INITIALISED %s drafter "
-                        "(τ will be close to 1)", algo)
-        drafter = build_drafter(target, cfg.draft)
-        source = "random-init" if algo not in ("target_as_draft", "fixed_distribution_draft") else "reference"
-    if isinstance(drafter, torch.nn.Module):
-        drafter.eval()
-    n_params = sum(p.numel() for p in drafter.parameters()) if isinstance(drafter, torch.nn.Module) else 0
-    info = {"algorithm": getattr(drafter, "algorithm", type(drafter).__name__), "class": type(drafter).__name__,
-            "source": source, "gamma": drafter_gamma(drafter, cfg.draft.gamma), "parameters": int(n_params)}
-    return drafter, info
-
-
-def build_policy(cfg, target=None):
-    """(policy, calibration temperatures or None) for eval.
-
-    Uses `deepspec.schedule.prefix_scheduler.policy_from_config`: fixed γ by default,
-    a threshold on the (STS-calibrated) cumulative confidence when
-    ``eval.confidence_threshold`` is set, or the prefix scheduler (``schedule.policy``)."""
-    policy = policy_from_config(cfg, target)
-    cal = getattr(policy, "calibration", None)
-    if cal is None:
-        try:
-            sc = getattr(cfg.schedule, "calibration", None)
-            cal = Calibration.load(sc) if sc else find_calibration(cfg.eval.checkpoint)
-        except FileNotFoundError:
-            cal = None
-    temps = list(cal.temperatures) if cal is not None else None
-    return policy, temps
 
 
 def _rollout_line(request_id: str, rnd: int, rs: RoundStats, meta: Dict[str, Any]) -> str:

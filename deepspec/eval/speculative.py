@@ -32,7 +32,7 @@ from typing import Any, Iterable, List, Optional, Sequence
 import torch
 
 from .acceptance import accept_greedy, verify_sampling
-from .sampling import Warp, sample_token
+from .sampling import Warp, greedy_ids, sample_token
 
 log = logging.getLogger(__name__)
 
@@ -283,7 +283,7 @@ def speculative_generate(target, drafter, prompt_ids, *, gamma: int, max_new_tok
         m3 = marks.mark()
         if warp.greedy:
             # one device -> host transfer per round: the drafts and the target's argmax at ℓ + 1 rows
-            best = vout.logits[0, : ell + 1].argmax(dim=-1)
+            best = greedy_ids(vout.logits[0, : ell + 1])
             host = torch.cat([draft_t, best]).tolist()
             draft, res = host[:drafted], accept_greedy(host[:ell], host[drafted:])
         else:

@@ -21,7 +21,7 @@ import torch
 
 from ..config import ConfigError
 from ..targets.tree import check_tree_target, tree_inputs
-from .sampling import Warp
+from .sampling import Warp, greedy_ids
 from .speculative import DecodeLoop, GenerationResult, RoundStats
 
 __all__ = ["accept_tree_greedy", "tree_generate", "tree_setting"]
@@ -74,7 +74,7 @@ def tree_generate(target, drafter, prompt_ids, *, gamma: int, nodes: int, width:
         loop.cache = vout.past_key_values
         m3 = marks.mark()
         node_tokens = toks.tolist()
-        path, next_token = accept_tree_greedy(node_tokens, parents.tolist(), vout.logits[0].argmax(dim=-1).tolist())
+        path, next_token = accept_tree_greedy(node_tokens, parents.tolist(), greedy_ids(vout.logits[0]).tolist())
         rows = torch.tensor([0] + [i + 1 for i in path], dtype=torch.long)
         target.keep_positions(loop.cache, loop.cache_len, rows)
         loop.cache_len += rows.numel()

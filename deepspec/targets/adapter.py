@@ -271,10 +271,13 @@ class TargetAdapter:
             raise ValueError(f"keep_positions: positions {start}+{keep.tolist()} outside a cache of {cur}")
         if keep.numel() and bool((keep[1:] <= keep[:-1]).any()):
             raise ValueError(f"keep_positions: {keep.tolist()} must be strictly increasing")
-        for layer in cache.layers:          # transformers ≥ 4.56: one object per layer with keys/values
-            for name in ("keys", "values"):
-                t = getattr(layer, name)
-                t[:, :, start:start + keep.numel()] = t[:, :, start + keep.to(t.device)]
+        # rows already in place (a prefix: keep is increasing) stay; only the rest are copied
+        j0 = int((keep != torch.arange(keep.numel(), device=keep.device)).int().argmax()) if keep.numel() else 0
+        if keep.numel() and int(keep[j0]) != j0:
+            for layer in cache.layers:          # transformers ≥ 4.56: one object per layer with keys/values
+                for name in ("keys", "values"):
+                    t = getattr(layer, name)
+                    t[:, :, start + j0:start + keep.numel()] = t[:, :, start + keep[j0:].to(t.device)]
         TargetAdapter.rollback(cache, start + keep.numel())
 
     @property

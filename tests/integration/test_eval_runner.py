@@ -170,3 +170,24 @@ def test_eval_tree_verification(tmp_path, eval_data_dir):
                                         ("target.path=tiny:gemma3", "sliding-window")]):
         with pytest.raises(ConfigError, match=match):
             run(_cfg(tmp_path / f"bad{i}", eval_data_dir, "eval.tree_nodes=6", extra))
+
+
+@pytest.mark.parametrize("draft,extra", [("dspark", ()), ("dspark", ("eval.tree_nodes=6", "eval.tree_width=2")),
+                                         ("dflash", ()), ("eagle3", ())])
+def test_eval_draft_dtype_bf16_stays_lossless(tmp_path, eval_data_dir, draft, extra):
+    """`eval.draft_dtype` casts the drafter only: greedy outputs still equal plain decoding."""
+    from deepspec.eval.runner import run
+    torch.set_num_threads(1)
+    cfg = _cfg(tmp_path, eval_data_dir, f"draft={draft}", "eval.draft_dtype=bfloat16", *extra)
+    run(cfg)
+    res = json.loads((tmp_path / "eval" / "results.json").read_text())
+    assert res["drafter"]["dtype"] == "bfloat16" and res["drafter"]["algorithm"] == draft
+    assert res["greedy_check"]["compared"] == 4 and res["greedy_check"]["matched"] == 4
+    assert res["overall"]["tau"] >= 1.0
+
+
+def test_eval_draft_dtype_refuses_unknown_names(tmp_path, eval_data_dir):
+    from deepspec.config import ConfigError
+    from deepspec.eval.runner import run
+    with pytest.raises(ConfigError, match="eval.draft_dtype='int3'"):
+        run(_cfg(tmp_path, eval_data_dir, "eval.draft_dtype=int3"))
