@@ -3,8 +3,9 @@
     OMP_NUM_THREADS=1 .venv/bin/python bench/tree_speed.py --label shipped \
         --settings chain@float32 chain@bfloat16 tree16x4@bfloat16
 
-Each setting is ``KIND@DTYPE``: ``chain`` (verify the γ drafts) or ``treeNxW`` (`eval.tree_nodes=N
-eval.tree_width=W`), with the target in DTYPE.  Every setting is one greedy `deepspec eval` of the same
+Each setting is ``KIND@DTYPE``: ``chain`` (verify the γ drafts), ``treeNxW`` (`eval.tree_nodes=N
+eval.tree_width=W`) or ``treeNxWlK`` (the same with prompt lookup, `eval.lookup_ngram=K`), with the
+target in DTYPE.  Every setting is one greedy `deepspec eval` of the same
 prompts (first turns, ``--max-new-tokens``) in its own process, one after the other (so no two share the
 CPU), with its own plain-decoding baseline in the same dtype, request by request.  Reported per setting:
 macro τ with its bootstrap interval, the speedup over that baseline, and the per-round split (draft /
@@ -37,17 +38,21 @@ from bench.eval_tables import eval_summary, fmt_ci, paired_ratio, read_jsonl, re
 from bench.records import repo_relative, write_record  # noqa: E402
 from bench.reference import DOMAIN_BENCHES  # noqa: E402
 
-SETTING = re.compile(r"^(chain|tree(\d+)x(\d+))@(float32|bfloat16|float16)$")
+SETTING = re.compile(r"^(chain|tree(\d+)x(\d+)(?:l(\d+))?)@(float32|bfloat16|float16)$")
 
 
 def parse_setting(s: str) -> Dict[str, Any]:
     m = SETTING.match(s)
     if not m:
-        raise SystemExit(f"--settings {s!r}: expected chain@DTYPE or treeNxW@DTYPE (DTYPE float32, bfloat16, float16)")
+        raise SystemExit(f"--settings {s!r}: expected chain@DTYPE, treeNxW@DTYPE or treeNxWlK@DTYPE "
+                         "(DTYPE float32, bfloat16, float16)")
     tree = (int(m.group(2)), int(m.group(3))) if m.group(2) else None
     if tree and min(tree) < 1:
         raise SystemExit(f"--settings {s!r}: tree nodes and width must be ≥ 1")
-    return {"name": s, "tree": tree, "dtype": m.group(4)}
+    lookup = int(m.group(4)) if m.group(4) else 0
+    if m.group(4) and lookup < 1:
+        raise SystemExit(f"--settings {s!r}: the lookup n-gram (lK) must be ≥ 1")
+    return {"name": s, "tree": tree, "lookup": lookup, "dtype": m.group(5)}
 
 
 def overrides(args, setting: Dict[str, Any], out: Path) -> List[str]:
@@ -58,6 +63,8 @@ def overrides(args, setting: Dict[str, Any], out: Path) -> List[str]:
           f"eval.bootstrap_resamples={args.resamples}", f"eval.out_dir={out}"]
     if setting["tree"]:
         ov += [f"eval.tree_nodes={setting['tree'][0]}", f"eval.tree_width={setting['tree'][1]}"]
+    if setting.get("lookup"):
+        ov.append(f"eval.lookup_ngram={setting['lookup']}")
     return ov + list(args.extra)
 
 
@@ -75,6 +82,11 @@ def run_setting(args, setting: Dict[str, Any], out: Path) -> Dict[str, Any]:
 
 def collect(results: Dict[str, Dict[str, Any]], dirs: Dict[str, Path], settings, resamples: int, seed: int):
     summaries = {n: eval_summary(r) for n, r in results.items()}
+    for n, d in dirs.items():     # prompt lookup: the share of accepted tokens only its chain proposed
+        rolls = read_jsonl(d / "rollouts.jsonl") if (d / "rollouts.jsonl").is_file() else []
+        if any("lookup_accepted" in r for r in rolls):
+            acc = sum(r["accepted"] for r in rolls)
+            summaries[n]["lookup_share"] = sum(r.get("lookup_accepted", 0) for r in rolls) / acc if acc else 0.0
     tables = {n: request_table(read_jsonl(d / "samples.jsonl")) for n, d in dirs.items()}
     ratios = {}
     for st in settings:
@@ -100,6 +112,10 @@ def markdown(rec: Dict[str, Any]) -> str:
                    f"| {sp['speedup_pooled']:.3f}× | {sp['draft_ms']:.1f} "
                    f"| {sp['verify_ms']:.1f} | {sp['overhead_ms']:.1f} | {sp['plain_decode_ms_per_token']:.1f} "
                    f"| {g.get('matched')}/{g.get('compared')} |")
+    shares = {n: s["lookup_share"] for n, s in rec["settings"].items() if s.get("lookup_share") is not None}
+    if shares:
+        out += ["", "Accepted draft tokens that only the prompt-lookup chain proposed: "
+                + ", ".join(f"{n} {v:.1%}" for n, v in shares.items()) + "."]
     if rec["ratios"]:
         out += ["", "| paired τ ratio | macro [95% CI] |", "|---|---|"]
         out += [f"| {k} | {fmt_ci(v['ratio'], v['ratio_ci95'], 3)} |" for k, v in rec["ratios"].items()]

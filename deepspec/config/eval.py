@@ -25,6 +25,11 @@ class EvalConfig:
     tree_nodes: Optional[int] = None
     # Tree growth: nodes expanded per depth, and children per expanded node.
     tree_width: int = 4
+    # Prompt lookup (trees only): each round also verifies the tokens that followed the latest earlier
+    # occurrence of the context's last n tokens, n from lookup_ngram down to lookup_min_ngram, within the
+    # same node budget (`deepspec.drafts.lookup`).  0 = off.
+    lookup_ngram: int = 0
+    lookup_min_ngram: int = 1
     # The drafter's weights while decoding: null = as saved (fp32), float32 | bfloat16 | float16, or
     # "target" = the target's dtype.  The verification stays the target's, so any dtype is lossless.
     draft_dtype: Optional[str] = None

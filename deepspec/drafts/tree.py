@@ -35,7 +35,8 @@ Expand = Callable[[int, torch.Tensor, Any], Tuple[torch.Tensor, Any]]
 
 @dataclass
 class DraftTree:
-    """Nodes in depth order (a parent always before its children); the anchor is not a node."""
+    """Nodes with a parent always before its children (`grow_tree` gives depth order; a grafted prompt-lookup
+    chain comes after it, `deepspec.drafts.lookup`); the anchor is not a node."""
     tokens: torch.Tensor     # [n] long: target token ids
     parents: torch.Tensor    # [n] long: index of the parent node, −1 = the anchor
     depths: torch.Tensor     # [n] long: block position 1..γ

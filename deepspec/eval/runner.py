@@ -25,7 +25,7 @@ import statistics
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 import torch
 from omegaconf import OmegaConf
@@ -45,7 +45,7 @@ from .report import make_plots, write_report
 from .sampling import Warp, make_warp
 from .setup import build_policy, load_eval_drafter
 from .speculative import GenerationResult, RoundStats, speculative_generate, target_generate
-from .tree_decode import tree_generate, tree_setting
+from .tree_decode import TreeSetting, tree_generate, tree_setting
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,8 @@ def request_generator(device, seed: int, request_id: str) -> torch.Generator:
 def _rollout_line(request_id: str, rnd: int, rs: RoundStats, meta: Dict[str, Any]) -> str:
     return json.dumps({"request_id": request_id, "round": rnd, "confidence": rs.confidence,
                        "accepted": rs.accepted, "proposed": rs.proposed, "verified": rs.proposed,
-                       "draft_tokens": rs.draft_tokens, "meta": meta}, separators=(",", ":"))
+                       "draft_tokens": rs.draft_tokens, "meta": meta,
+                       **({"lookup_accepted": rs.lookup_accepted} if "lookup" in meta else {})}, separators=(",", ":"))
 
 
 # -- the evaluation ---------------------------------------------------------------------------------
@@ -189,14 +190,15 @@ def evaluate(target, drafter, benchmarks: Mapping[str, Sequence[Sample]], *, gam
              max_new_tokens: int, seed: int = 0, multi_turn: bool = True, measure_baseline: bool = True,
              policy: Any = None, eos_token_ids: Optional[Sequence[int]] = None,
              rollout_sink: Optional[Callable[[str], None]] = None, warmup: bool = True,
-             progress: bool = True, tree: Optional[Tuple[int, int]] = None) -> List[RequestRecord]:
+             progress: bool = True, tree: Optional[TreeSetting] = None) -> List[RequestRecord]:
     """Run speculative (+ baseline) decoding on every turn of every sample; returns the records.
-    ``tree`` = (nodes, width): verify draft trees (`tree_generate`) instead of chains."""
+    ``tree``: verify draft trees (`tree_generate`, with prompt lookup when it says so) instead of chains."""
     if tree is None:
         generate = speculative_generate
     else:
         def generate(target, drafter, ids, *, gamma, policy=None, **kw):
-            return tree_generate(target, drafter, ids, gamma=gamma, nodes=tree[0], width=tree[1], **kw)
+            return tree_generate(target, drafter, ids, gamma=gamma, nodes=tree.nodes, width=tree.width,
+                                 lookup=tree.lookup, **kw)
     tok = target.tokenizer
     eos = list(target.eos_token_ids if eos_token_ids is None else eos_token_ids)
     eos_set = set(eos)
@@ -226,7 +228,8 @@ def evaluate(target, drafter, benchmarks: Mapping[str, Sequence[Sample]], *, gam
                     rid = sample.id if len(turns) == 1 else f"{sample.id}/t{ti}"
                     messages = history + [{"role": "user", "content": user}]
                     ids = encode_prompt(tok, messages, **kw)
-                    meta = {"benchmark": name, "turn": ti, **({"tree": list(tree)} if tree else {})}
+                    meta = {"benchmark": name, "turn": ti, **({"tree": [tree.nodes, tree.width]} if tree else {}),
+                            **({"lookup": list(tree.lookup)} if tree and tree.lookup else {})}
                     sink = None
                     if rollout_sink is not None:
                         def sink(rnd, rs, _rid=rid, _meta=meta):
@@ -325,7 +328,7 @@ def run(cfg) -> Dict[str, Any]:
     policy, temps = build_policy(cfg, target)
     warp = make_warp(ec.temperature, ec.top_k, ec.top_p)
     tree = tree_setting(cfg, target, drafter, policy, warp)
-    policy_name = f"tree(nodes={tree[0]}, width={tree[1]})" if tree else getattr(policy, "name", type(policy).__name__)
+    policy_name = tree.describe() if tree else getattr(policy, "name", type(policy).__name__)
     log.info("eval: %d benchmarks, γ=%d, %s, policy=%s → %s", len(benches), gamma, warp.describe(), policy_name, out)
     rollout_path = out / ROLLOUTS_FILENAME
     with open(rollout_path, "w", encoding="utf-8") as rf:

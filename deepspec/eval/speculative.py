@@ -52,6 +52,7 @@ class RoundStats:
     t_draft: float = 0.0          # propose + advance (seconds)
     t_verify: float = 0.0         # the target's verification forward
     t_overhead: float = 0.0       # everything else in the round (acceptance, rollback, bookkeeping)
+    lookup_accepted: int = 0      # accepted tokens that only the prompt-lookup chain proposed (trees)
 
     @property
     def tau(self) -> int:
@@ -60,7 +61,8 @@ class RoundStats:
     def to_json(self) -> dict:
         return {"drafted": self.drafted, "proposed": self.proposed, "accepted": self.accepted,
                 "emitted": self.emitted, "draft_tokens": self.draft_tokens, "confidence": self.confidence,
-                "t_draft": self.t_draft, "t_verify": self.t_verify, "t_overhead": self.t_overhead}
+                "t_draft": self.t_draft, "t_verify": self.t_verify, "t_overhead": self.t_overhead,
+                "lookup_accepted": self.lookup_accepted}
 
 
 @dataclass

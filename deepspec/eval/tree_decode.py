@@ -15,16 +15,17 @@ accepted path's length, ``draft_tokens`` = that path's tokens.
 """
 from __future__ import annotations
 
-from typing import Iterable, List, Optional, Sequence, Tuple
+from typing import Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
 from ..config import ConfigError
+from ..drafts.lookup import NgramIndex, graft
 from ..targets.tree import check_tree_target, tree_inputs
 from .sampling import Warp, greedy_ids
 from .speculative import DecodeLoop, GenerationResult, RoundStats
 
-__all__ = ["accept_tree_greedy", "tree_generate", "tree_setting"]
+__all__ = ["TreeSetting", "accept_tree_greedy", "tree_generate", "tree_setting"]
 
 
 def accept_tree_greedy(tokens: Sequence[int], parents: Sequence[int], best: Sequence[int]) -> Tuple[List[int], int]:
@@ -49,9 +50,13 @@ def accept_tree_greedy(tokens: Sequence[int], parents: Sequence[int], best: Sequ
 @torch.inference_mode()
 def tree_generate(target, drafter, prompt_ids, *, gamma: int, nodes: int, width: int, max_new_tokens: int,
                   warp: Warp, generator: Optional[torch.Generator] = None,
-                  eos_token_ids: Optional[Iterable[int]] = None, on_round=None) -> GenerationResult:
+                  eos_token_ids: Optional[Iterable[int]] = None, on_round=None,
+                  lookup: Optional[Tuple[int, int]] = None) -> GenerationResult:
     """Greedy speculative decoding of one prompt with draft trees of at most ``nodes`` nodes, depth
-    ≤ ``gamma``, ``width`` children per expanded node (`deepspec.drafts.tree.grow_tree`)."""
+    ≤ ``gamma``, ``width`` children per expanded node (`deepspec.drafts.tree.grow_tree`).  ``lookup`` =
+    (max_ngram, min_ngram): each round also grafts the prompt-lookup continuation of the context
+    (`deepspec.drafts.lookup`); the drafter's tree then gets the budget the chain leaves, so a round
+    still verifies at most ``nodes`` nodes."""
     if not warp.greedy:
         raise ValueError("tree verification (eval.tree_nodes) is lossless for greedy decoding only: "
                          "set eval.temperature=0, or verify chains")
@@ -61,10 +66,17 @@ def tree_generate(target, drafter, prompt_ids, *, gamma: int, nodes: int, width:
     loop = DecodeLoop(target, drafter, prompt_ids, warp, generator, eos_token_ids, max_new_tokens, on_round)
     device, marks, state = loop.device, loop.marks, loop.state
     empty = torch.zeros(0, dtype=torch.long)
+    index = None
+    if lookup is not None:
+        index = NgramIndex(torch.as_tensor(prompt_ids).reshape(-1).tolist() + [loop.anchor], *lookup)
     while loop.stop is None:
         m0 = marks.mark()
         depth = min(gamma, loop.room)            # a round emits at most depth + 1 tokens
-        tree = drafter.propose_tree(state, loop.anchor, depth, nodes, width) if depth >= 1 else None
+        chain = index.continuation(min(depth, nodes - 1)) if index is not None else []
+        tree = drafter.propose_tree(state, loop.anchor, depth, nodes - len(chain), width) if depth >= 1 else None
+        grafted = 0
+        if tree is not None and chain:
+            tree, grafted = graft(tree, chain)
         toks, parents, depths = (tree.tokens.cpu(), tree.parents, tree.depths) if tree else (empty, empty, empty)
         m1 = marks.mark()
         verify_ids = torch.cat([torch.tensor([loop.anchor], dtype=torch.long), toks]).to(device)
@@ -80,24 +92,52 @@ def tree_generate(target, drafter, prompt_ids, *, gamma: int, nodes: int, width:
         loop.cache_len += rows.numel()
         accepted = [node_tokens[i] for i in path]
         emitted = loop.emit(accepted + [next_token])
+        if index is not None:
+            index.extend(accepted + [next_token])
         m4 = marks.mark()
         if loop.stop is None:
             rd = rows.to(device)
             drafter.advance(state, verify_ids.index_select(0, rd), vout.features[0].index_select(0, rd))
         m5 = marks.mark()
+        first_grafted = len(node_tokens) - grafted
         loop.record(RoundStats(drafted=len(node_tokens), proposed=len(node_tokens), accepted=len(path),
-                               emitted=emitted, draft_tokens=accepted, confidence=None), (m0, m1, m2, m3, m4, m5))
+                               emitted=emitted, draft_tokens=accepted, confidence=None,
+                               lookup_accepted=sum(i >= first_grafted for i in path)), (m0, m1, m2, m3, m4, m5))
         loop.anchor = next_token
     return loop.finish()
 
 
-def tree_setting(cfg, target, drafter, policy, warp) -> Optional[Tuple[int, int]]:
-    """(nodes, width) when ``eval.tree_nodes`` asks for tree verification, after checking it can run."""
+class TreeSetting(NamedTuple):
+    nodes: int
+    width: int
+    lookup: Optional[Tuple[int, int]] = None     # (max_ngram, min_ngram) of prompt lookup, None = off
+
+    def describe(self) -> str:
+        lk = f", lookup={self.lookup[0]}..{self.lookup[1]}" if self.lookup else ""
+        return f"tree(nodes={self.nodes}, width={self.width}{lk})"
+
+
+def tree_setting(cfg, target, drafter, policy, warp) -> Optional[TreeSetting]:
+    """The tree setting when ``eval.tree_nodes`` asks for tree verification, after checking it can run."""
     ec = cfg.eval
+    lookup = None
+    if int(ec.lookup_ngram) > 0:
+        if ec.tree_nodes is None:
+            raise ConfigError(f"eval.lookup_ngram={ec.lookup_ngram}: prompt lookup grafts its chain onto draft "
+                              "trees; set eval.tree_nodes too")
+        if not 1 <= int(ec.lookup_min_ngram) <= int(ec.lookup_ngram):
+            raise ConfigError(f"eval.lookup_min_ngram={ec.lookup_min_ngram}: must be between 1 and "
+                              f"eval.lookup_ngram={ec.lookup_ngram}")
+        lookup = (int(ec.lookup_ngram), int(ec.lookup_min_ngram))
+    elif int(ec.lookup_ngram) < 0:
+        raise ConfigError(f"eval.lookup_ngram={ec.lookup_ngram}: 0 (off) or the longest n-gram to match")
     if ec.tree_nodes is None:
         return None
     if int(ec.tree_nodes) < 1 or int(ec.tree_width) < 1:
         raise ConfigError(f"eval.tree_nodes={ec.tree_nodes}, eval.tree_width={ec.tree_width}: both must be ≥ 1")
+    if lookup and int(ec.tree_nodes) < 2:
+        raise ConfigError(f"eval.tree_nodes={ec.tree_nodes}: prompt lookup needs at least 2 nodes (one for the "
+                          "drafter, the rest for the lookup chain)")
     if not warp.greedy:
         raise ConfigError("eval.tree_nodes: tree verification is lossless for greedy decoding only "
                           f"(eval.temperature={ec.temperature}; set it to 0 or leave eval.tree_nodes unset)")
@@ -112,4 +152,4 @@ def tree_setting(cfg, target, drafter, policy, warp) -> Optional[Tuple[int, int]
         check_tree_target(target)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    return int(ec.tree_nodes), int(ec.tree_width)
+    return TreeSetting(int(ec.tree_nodes), int(ec.tree_width), lookup)

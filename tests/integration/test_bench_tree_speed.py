@@ -16,13 +16,16 @@ def test_tree_speed_record(tmp_path, eval_data_dir, bench_module):
     ckpt = build_drafter(target, DraftConfig(algorithm="dspark", gamma=3, num_layers=1, head_rank=8)).save_pretrained(
         tmp_path / "draft")
     out = tmp_path / "rec.json"
-    mod.main(["--checkpoint", str(ckpt), "--settings", "chain@float32", "tree6x2@float32",
+    mod.main(["--checkpoint", str(ckpt), "--settings", "chain@float32", "tree6x2@float32", "tree6x2l3@float32",
               "--benchmarks", "gsm8k", "mt-bench", "--max-samples", "2", "--max-new-tokens", "8",
               "--data-dir", str(eval_data_dir), "--resamples", "50", "--work", str(tmp_path / "work"),
               "--out", str(out), "--extra", "target.path=tiny:llama", "target.device=cpu",
               "target.num_feature_layers=2"])
     rec = json.loads(out.read_text())
-    assert set(rec["settings"]) == {"chain@float32", "tree6x2@float32"}
+    assert set(rec["settings"]) == {"chain@float32", "tree6x2@float32", "tree6x2l3@float32"}
+    lk = rec["settings"]["tree6x2l3@float32"]
+    assert lk["setup"]["policy"] == "tree(nodes=6, width=2, lookup=3..1)" and 0 <= lk["lookup_share"] <= 1
+    assert lk["greedy_check"] == {"compared": 4, "matched": 4} and "lookup_share" not in rec["settings"]["tree6x2@float32"]
     tree, chain = rec["settings"]["tree6x2@float32"], rec["settings"]["chain@float32"]
     assert tree["setup"]["policy"] == "tree(nodes=6, width=2)" and chain["setup"]["policy"] == "fixed"
     for s in (tree, chain):
@@ -37,9 +40,11 @@ def test_tree_speed_record(tmp_path, eval_data_dir, bench_module):
     base = ["--checkpoint", str(ckpt), "--benchmarks", "gsm8k", "mt-bench", "--max-samples", "2",
             "--max-new-tokens", "8", "--data-dir", str(eval_data_dir), "--resamples", "50",
             "--work", str(tmp_path / "work"), "--no-eval"]
-    mod.main(base + ["--settings", "chain@float32", "tree6x2@float32", "--out", str(again)])
+    mod.main(base + ["--settings", "chain@float32", "tree6x2@float32", "tree6x2l3@float32", "--out", str(again)])
     assert json.loads(again.read_text())["ratios"] == rec["ratios"]
     with pytest.raises(SystemExit, match="no finished eval of tree9x3@float32"):
         mod.main(base + ["--settings", "tree9x3@float32", "--out", str(tmp_path / "x.json")])
     with pytest.raises(SystemExit, match="treeNxW"):
         mod.parse_setting("tree6@float32")
+    assert mod.parse_setting("tree16x8l3@bfloat16") == {"name": "tree16x8l3@bfloat16", "tree": (16, 8), "lookup": 3,
+                                                         "dtype": "bfloat16"}

@@ -191,3 +191,16 @@ def test_eval_draft_dtype_refuses_unknown_names(tmp_path, eval_data_dir):
     from deepspec.eval.runner import run
     with pytest.raises(ConfigError, match="eval.draft_dtype='int3'"):
         run(_cfg(tmp_path, eval_data_dir, "eval.draft_dtype=int3"))
+
+
+def test_eval_tree_with_prompt_lookup_records_what_the_lookup_gave(tmp_path, eval_data_dir):
+    from deepspec.eval.runner import run
+    torch.set_num_threads(1)
+    run(_cfg(tmp_path, eval_data_dir, "eval.tree_nodes=6", "eval.tree_width=2", "eval.lookup_ngram=3"))
+    out = tmp_path / "eval"
+    res = json.loads((out / "results.json").read_text())
+    assert res["greedy_check"]["compared"] == res["greedy_check"]["matched"] == 4
+    assert "lookup=3..1" in res["setup"]["policy"]
+    rolls = _read_jsonl(out / "rollouts.jsonl")
+    assert rolls and all(r["meta"]["lookup"] == [3, 1] and 0 <= r["lookup_accepted"] <= r["accepted"]
+                         and r["proposed"] <= 6 for r in rolls)

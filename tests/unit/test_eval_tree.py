@@ -251,3 +251,43 @@ def test_tree_refuses_sampling_sliding_windows_and_chain_only_drafters(tiny_llam
     e3 = build_drafter(t, DraftConfig(algorithm="eagle3", gamma=3, num_layers=1)).eval()
     with pytest.raises(NotImplementedError, match="drafts chains only"):
         tree_generate(t, e3, [5, 6, 7], gamma=3, nodes=4, width=2, max_new_tokens=4, warp=GREEDY)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_tree_loop_with_prompt_lookup_is_lossless_and_accepts_copied_tokens(family):
+    """A drafter whose trees never hold the target's token, plus prompt lookup: the output is still the
+    target's, and every accepted token came from the lookup chain (tiny random targets fall into loops,
+    which the lookup copies)."""
+    t = make_tiny_target(family, num_layers=2)
+    prompt = encode_prompt(t.tokenizer, [{"role": "user", "content": "What is 12 times 7?"}])
+    base = target_generate(t, prompt, max_new_tokens=40, warp=GREEDY, eos_token_ids=[]).tokens
+    d = OracleTree(len(prompt), base + [0] * 10, cut=0)          # proposes nothing the target wants
+    out = tree_generate(t, d, prompt, gamma=4, nodes=6, width=2, max_new_tokens=40, warp=GREEDY,
+                        eos_token_ids=[], lookup=(3, 1))
+    assert out.tokens == base
+    assert all(r.proposed <= 6 for r in out.rounds)
+    assert sum(r.lookup_accepted for r in out.rounds) == sum(r.accepted for r in out.rounds) > 0
+    # with the drafter's own right answers the lookup only adds candidates: still lossless
+    d = OracleTree(len(prompt), base + [0] * 10, cut=2)
+    out = tree_generate(t, d, prompt, gamma=4, nodes=8, width=2, max_new_tokens=40, warp=GREEDY,
+                        eos_token_ids=[], lookup=(3, 1))
+    assert out.tokens == base and all(r.proposed <= 8 for r in out.rounds)
+
+
+def test_prompt_lookup_settings_are_checked(tiny_llama, tmp_path):
+    from deepspec.config import ConfigError, load_config
+    from deepspec.eval.tree_decode import tree_setting
+    from deepspec.eval.speculative import FixedLengthPolicy
+    d = build_drafter(tiny_llama, DraftConfig(algorithm="dflash", gamma=3, num_layers=1)).eval()
+
+    def setting(*ov):
+        cfg = load_config([f"run_dir={tmp_path}", "eval.temperature=0", *ov])
+        return tree_setting(cfg, tiny_llama, d, FixedLengthPolicy(), GREEDY)
+    assert setting("eval.tree_nodes=8", "eval.lookup_ngram=3").lookup == (3, 1)
+    assert setting("eval.tree_nodes=8").lookup is None
+    with pytest.raises(ConfigError, match="set eval.tree_nodes too"):
+        setting("eval.lookup_ngram=3")
+    with pytest.raises(ConfigError, match="eval.lookup_min_ngram=4"):
+        setting("eval.tree_nodes=8", "eval.lookup_ngram=3", "eval.lookup_min_ngram=4")
+    with pytest.raises(ConfigError, match="at least 2 nodes"):
+        setting("eval.tree_nodes=1", "eval.lookup_ngram=3")
