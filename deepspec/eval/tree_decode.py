@@ -1,6 +1,7 @@
 """Batch-size-1 lossless greedy decoding with draft trees (one target forward per round)::
 
     round     tree  = drafter.propose_tree(state, anchor, γ, nodes, width)      the likeliest continuations
+              (prompt lookup: a chain copied from the context grafted on, within the same node budget)
               target.decode([anchor, tree nodes], cache, tree mask, depths)    ONE forward
               walk down the tree while a child carries the target's argmax     -> the accepted path
               keep the cache rows of anchor + path, drop the other nodes

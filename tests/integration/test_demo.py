@@ -57,6 +57,11 @@ def test_reduced_demo_end_to_end(tmp_path, reference_target_dir, eval_data_dir):
     tree = json.loads((report.parent.parent / "eval_shipped_tree" / "results.json").read_text())
     assert tree["setup"]["policy"].startswith("tree(") and tree["setup"]["dtype"] == "torch.bfloat16"
     assert tree["greedy_check"]["compared"] == gc["compared"]
+    # and the same tree with prompt lookup in its budget
+    assert "| shipped (smollm2-135m-dspark), tree + prompt lookup, bf16 |" in out
+    lk = json.loads((report.parent.parent / "eval_shipped_tree_lookup" / "results.json").read_text())
+    assert lk["setup"]["policy"].startswith("tree(nodes=16, width=8, lookup=3..1")
+    assert lk["greedy_check"]["compared"] == gc["compared"]
     assert (run_dir / "resolved_config.yaml").is_file() or list(run_dir.rglob("resolved_config.yaml"))
     ckpt_lines = [l for l in out.splitlines() if l.startswith("checkpoint:")]
     assert ckpt_lines and Path(ckpt_lines[0].split(":", 1)[1].strip()).exists()
