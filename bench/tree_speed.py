@@ -56,7 +56,8 @@ def parse_setting(s: str) -> Dict[str, Any]:
 
 
 def overrides(args, setting: Dict[str, Any], out: Path) -> List[str]:
-    ov = [f"target={args.target}", f"target.dtype={setting['dtype']}", f"eval.checkpoint={args.checkpoint}",
+    ckpt = "null" if args.checkpoint == "none" else args.checkpoint
+    ov = [f"target={args.target}", f"target.dtype={setting['dtype']}", f"eval.checkpoint={ckpt}",
           f"eval.data_dir={args.data_dir}", f"eval.benchmarks=[{','.join(args.benchmarks)}]",
           f"eval.max_samples={args.max_samples}", f"eval.max_new_tokens={args.max_new_tokens}",
           "eval.temperature=0", "eval.multi_turn=false", "eval.progress=false",
@@ -124,7 +125,9 @@ def markdown(rec: Dict[str, Any]) -> str:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint", default=str(REPO / "deepspec" / "shipped" / "smollm2-135m-dspark"))
+    p.add_argument("--checkpoint", default=str(REPO / "deepspec" / "shipped" / "smollm2-135m-dspark"),
+                   help="the draft; none = the draft config's reference drafter (e.g. --extra "
+                        "draft.algorithm=no_draft: prompt lookup alone)")
     p.add_argument("--target", default="smollm2_135m", help="the target config group")
     p.add_argument("--settings", nargs="+", default=["chain@float32", "chain@bfloat16", "tree16x4@bfloat16"])
     p.add_argument("--benchmarks", nargs="+", default=DOMAIN_BENCHES)

@@ -8,9 +8,13 @@
   deliberately poor drafts for the losslessness tests.
 - `FixedDistributionDraft` proposes i.i.d. tokens from one fixed distribution
   (uniform by default) without running any model: the cheapest poor draft.
+- `NoDraft` (``no_draft``) proposes nothing: chains verify the anchor alone (plain decoding through
+  the speculative loop), and trees are empty, so with ``eval.lookup_ngram`` a round verifies only
+  the prompt-lookup chain: prompt-lookup decoding with no draft model, the baseline that tells
+  what a draft adds to the lookup.
 
-Both implement only the decoding API of the contract (``init_state / propose /
-advance``); they have no trainable weights.
+They implement only the decoding API of the contract (``init_state / propose / advance``, and
+``propose_tree`` for `NoDraft`); they have no trainable weights.
 """
 from __future__ import annotations
 
@@ -24,8 +28,9 @@ from deepspec.config.draft import DraftConfig
 from deepspec.drafts.base import Drafter, Proposal
 from deepspec.drafts.checkpoint import coerce_draft_config
 from deepspec.drafts.registry import register_drafter
+from deepspec.drafts.tree import DraftTree
 
-__all__ = ["TargetAsDraft", "FixedDistributionDraft", "Proposal"]
+__all__ = ["TargetAsDraft", "FixedDistributionDraft", "NoDraft", "Proposal"]
 
 
 @dataclass
@@ -38,6 +43,7 @@ class _TargetDraftState:
 
 class _ReferenceDrafter(Drafter):
     """No trainable weights: nothing to train, lives on the target's device."""
+    is_reference = True
 
     def __init__(self, target, cfg: Optional[DraftConfig] = None, *, gamma: Optional[int] = None,
                  algorithm: str = ""):
@@ -143,6 +149,30 @@ class FixedDistributionDraft(_ReferenceDrafter):
         toks = torch.multinomial(qs, 1, replacement=True, generator=generator).reshape(-1) if gamma else \
             torch.zeros(0, dtype=torch.long, device=dev)
         return Proposal(tokens=toks, probs=qs, confidence=torch.full((int(gamma),), self.const_confidence))
+
+    def advance(self, state, tokens, features=None):
+        return None
+
+
+@register_drafter("no_draft")
+class NoDraft(_ReferenceDrafter):
+    """Proposes no token: an empty chain, an empty tree."""
+    drafts_trees = True
+
+    def __init__(self, target, cfg: Optional[DraftConfig] = None, *, gamma: Optional[int] = None):
+        super().__init__(target, cfg, gamma=gamma, algorithm="no_draft")
+
+    def init_state(self, input_ids, features=None):
+        return None
+
+    def propose(self, state, anchor: int, gamma: int, warp, generator=None) -> Proposal:
+        dev = self.target.device
+        return Proposal(tokens=torch.zeros(0, dtype=torch.long, device=dev),
+                        probs=torch.zeros(0, self.vocab_size, device=dev), confidence=None)
+
+    def propose_tree(self, state, anchor: int, gamma: int, nodes: int, width: int) -> DraftTree:
+        empty = torch.zeros(0, dtype=torch.long)
+        return DraftTree(tokens=empty, parents=empty, depths=empty, scores=torch.zeros(0))
 
     def advance(self, state, tokens, features=None):
         return None

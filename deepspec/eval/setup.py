@@ -11,7 +11,7 @@ from ..drafts.registry import build_drafter, load_drafter
 from ..schedule.calibration import Calibration, find_calibration
 from ..schedule.prefix_scheduler import policy_from_config
 from ..targets.loader import resolve_dtype
-from . import reference_drafters  # noqa: F401  (registers target_as_draft / fixed_distribution_draft)
+from . import reference_drafters  # noqa: F401  (registers the reference drafters)
 
 log = logging.getLogger(__name__)
 
@@ -46,12 +46,12 @@ def load_eval_drafter(cfg, target) -> Tuple[Any, Dict[str, Any]]:
         drafter = load_drafter(ckpt, target)
         source = str(ckpt)
     else:
-        algo = cfg.draft.algorithm
-        if algo not in ("target_as_draft", "fixed_distribution_draft"):
-            log.warning("eval.checkpoint is not set: evaluating a RANDOMLY INITIALISED %s drafter "
-                        "(τ will be close to 1)", algo)
         drafter = build_drafter(target, cfg.draft)
-        source = "random-init" if algo not in ("target_as_draft", "fixed_distribution_draft") else "reference"
+        reference = getattr(drafter, "is_reference", False)
+        if not reference:
+            log.warning("eval.checkpoint is not set: evaluating a RANDOMLY INITIALISED %s drafter "
+                        "(τ will be close to 1)", cfg.draft.algorithm)
+        source = "reference" if reference else "random-init"
     if isinstance(drafter, torch.nn.Module):
         drafter.eval()
         dtype = draft_dtype(cfg.eval.draft_dtype, target)

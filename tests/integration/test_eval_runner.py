@@ -204,3 +204,15 @@ def test_eval_tree_with_prompt_lookup_records_what_the_lookup_gave(tmp_path, eva
     rolls = _read_jsonl(out / "rollouts.jsonl")
     assert rolls and all(r["meta"]["lookup"] == [3, 1] and 0 <= r["lookup_accepted"] <= r["accepted"]
                          and r["proposed"] <= 6 for r in rolls)
+
+
+def test_eval_prompt_lookup_alone_with_no_draft(tmp_path, eval_data_dir):
+    """`draft.algorithm=no_draft` + a tree + prompt lookup: prompt-lookup decoding without a draft model."""
+    from deepspec.eval.runner import run
+    torch.set_num_threads(1)
+    run(_cfg(tmp_path, eval_data_dir, "draft.algorithm=no_draft", "eval.tree_nodes=7", "eval.lookup_ngram=3"))
+    res = json.loads((tmp_path / "eval" / "results.json").read_text())
+    assert res["drafter"]["source"] == "reference" and res["drafter"]["parameters"] == 0
+    assert res["greedy_check"]["compared"] == res["greedy_check"]["matched"] == 4
+    rolls = _read_jsonl(tmp_path / "eval" / "rollouts.jsonl")
+    assert all(r["lookup_accepted"] == r["accepted"] for r in rolls)

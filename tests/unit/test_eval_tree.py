@@ -291,3 +291,18 @@ def test_prompt_lookup_settings_are_checked(tiny_llama, tmp_path):
         setting("eval.tree_nodes=8", "eval.lookup_ngram=3", "eval.lookup_min_ngram=4")
     with pytest.raises(ConfigError, match="at least 2 nodes"):
         setting("eval.tree_nodes=1", "eval.lookup_ngram=3")
+
+
+def test_no_draft_alone_is_plain_decoding_and_with_lookup_is_prompt_lookup_decoding(tiny_llama):
+    from deepspec.eval.reference_drafters import NoDraft
+    t = tiny_llama
+    prompt = encode_prompt(t.tokenizer, [{"role": "user", "content": "What is 12 times 7?"}])
+    base = target_generate(t, prompt, max_new_tokens=30, warp=GREEDY, eos_token_ids=[]).tokens
+    d = NoDraft(t, gamma=4)
+    chain = speculative_generate(t, d, prompt, gamma=4, max_new_tokens=30, warp=GREEDY, eos_token_ids=[])
+    assert chain.tokens == base and all(r.accepted == 0 and r.proposed == 0 for r in chain.rounds)
+    out = tree_generate(t, d, prompt, gamma=4, nodes=4, width=1, max_new_tokens=30, warp=GREEDY,
+                        eos_token_ids=[], lookup=(3, 1))
+    assert out.tokens == base
+    assert all(r.lookup_accepted == r.accepted for r in out.rounds)
+    assert len(out.rounds) < len(chain.rounds)            # the tiny target loops, and the lookup copies it
