@@ -4,8 +4,8 @@
         --settings chain@float32 chain@bfloat16 tree16x4@bfloat16
 
 Each setting is ``KIND@DTYPE``: ``chain`` (verify the γ drafts), ``treeNxW`` (`eval.tree_nodes=N
-eval.tree_width=W`) or ``treeNxWlK`` (the same with prompt lookup, `eval.lookup_ngram=K`), with the
-target in DTYPE.  Every setting is one greedy `deepspec eval` of the same
+eval.tree_width=W`) or ``treeNxWlK[mM]`` (the same with prompt lookup, `eval.lookup_ngram=K`,
+`eval.lookup_min_ngram=M`, default 1), with the target in DTYPE.  Every setting is one greedy `deepspec eval` of the same
 prompts (first turns, ``--max-new-tokens``) in its own process, one after the other (so no two share the
 CPU), with its own plain-decoding baseline in the same dtype, request by request.  Reported per setting:
 macro τ with its bootstrap interval, the speedup over that baseline, and the per-round split (draft /
@@ -38,21 +38,22 @@ from bench.eval_tables import eval_summary, fmt_ci, paired_ratio, read_jsonl, re
 from bench.records import repo_relative, write_record  # noqa: E402
 from bench.reference import DOMAIN_BENCHES  # noqa: E402
 
-SETTING = re.compile(r"^(chain|tree(\d+)x(\d+)(?:l(\d+))?)@(float32|bfloat16|float16)$")
+SETTING = re.compile(r"^(chain|tree(\d+)x(\d+)(?:l(\d+)(?:m(\d+))?)?)@(float32|bfloat16|float16)$")
 
 
 def parse_setting(s: str) -> Dict[str, Any]:
     m = SETTING.match(s)
     if not m:
-        raise SystemExit(f"--settings {s!r}: expected chain@DTYPE, treeNxW@DTYPE or treeNxWlK@DTYPE "
-                         "(DTYPE float32, bfloat16, float16)")
+        raise SystemExit(f"--settings {s!r}: expected chain@DTYPE, treeNxW@DTYPE, treeNxWlK@DTYPE or "
+                         "treeNxWlKmM@DTYPE (DTYPE float32, bfloat16, float16)")
     tree = (int(m.group(2)), int(m.group(3))) if m.group(2) else None
     if tree and min(tree) < 1:
         raise SystemExit(f"--settings {s!r}: tree nodes and width must be ≥ 1")
     lookup = int(m.group(4)) if m.group(4) else 0
-    if m.group(4) and lookup < 1:
-        raise SystemExit(f"--settings {s!r}: the lookup n-gram (lK) must be ≥ 1")
-    return {"name": s, "tree": tree, "lookup": lookup, "dtype": m.group(5)}
+    lookup_min = int(m.group(5)) if m.group(5) else 1
+    if m.group(4) and not 1 <= lookup_min <= lookup:
+        raise SystemExit(f"--settings {s!r}: the lookup n-grams need 1 ≤ M (mM) ≤ K (lK)")
+    return {"name": s, "tree": tree, "lookup": lookup, "lookup_min": lookup_min, "dtype": m.group(6)}
 
 
 def overrides(args, setting: Dict[str, Any], out: Path) -> List[str]:
@@ -65,7 +66,7 @@ def overrides(args, setting: Dict[str, Any], out: Path) -> List[str]:
     if setting["tree"]:
         ov += [f"eval.tree_nodes={setting['tree'][0]}", f"eval.tree_width={setting['tree'][1]}"]
     if setting.get("lookup"):
-        ov.append(f"eval.lookup_ngram={setting['lookup']}")
+        ov += [f"eval.lookup_ngram={setting['lookup']}", f"eval.lookup_min_ngram={setting['lookup_min']}"]
     return ov + list(args.extra)
 
 

@@ -47,4 +47,7 @@ def test_tree_speed_record(tmp_path, eval_data_dir, bench_module):
     with pytest.raises(SystemExit, match="treeNxW"):
         mod.parse_setting("tree6@float32")
     assert mod.parse_setting("tree16x8l3@bfloat16") == {"name": "tree16x8l3@bfloat16", "tree": (16, 8), "lookup": 3,
-                                                         "dtype": "bfloat16"}
+                                                         "lookup_min": 1, "dtype": "bfloat16"}
+    assert mod.parse_setting("tree16x8l3m2@bfloat16")["lookup_min"] == 2
+    with pytest.raises(SystemExit, match="1 ≤ M"):
+        mod.parse_setting("tree16x8l2m3@bfloat16")
