@@ -44,6 +44,11 @@ def available_drafters() -> List[str]:
     return sorted(_REGISTRY)
 
 
+def drafter_class(name: str) -> type:
+    """The class registered under ``name`` (e.g. to ask it ``is_reference``: a drafter with nothing to train)."""
+    return _lookup(name)[0]
+
+
 def _lookup(name: str):
     if name not in _REGISTRY:
         raise ValueError(f"unknown draft algorithm {name!r}; available: {', '.join(sorted(_REGISTRY))}")
