@@ -74,52 +74,40 @@ TREE_TAU_FLOOR = 1.6
 LOOKUP_TAU_FLOOR = 1.7
 
 
-def test_shipped_draft_tree_verification_is_lossless_and_accepts_more(shipped):
+PROMPTS = ["What is 15 times 4? Explain step by step.", "Write a short Python function that reverses a string.",
+           "Give me three tips for a job interview."]
+
+
+def _tree_tau(target, drafter, width, lookup=None):
+    """τ of tree decoding (16 nodes) over PROMPTS, after checking each output equals plain greedy decoding."""
     from deepspec.eval.sampling import make_warp
     from deepspec.eval.speculative import target_generate
     from deepspec.eval.tree_decode import tree_generate
     from deepspec.targets import encode_prompt
-    _, target, drafter = shipped
     torch.set_num_threads(2)
     greedy = make_warp(0.0)
     accepted = rounds = 0
-    for text in ["What is 15 times 4? Explain step by step.",
-                 "Write a short Python function that reverses a string.",
-                 "Give me three tips for a job interview."]:
+    for text in PROMPTS:
         ids = encode_prompt(target.tokenizer, [{"role": "user", "content": text}])
         base = target_generate(target, ids, max_new_tokens=48, warp=greedy, eos_token_ids=[]).tokens
-        spec = tree_generate(target, drafter, ids, gamma=drafter.cfg.gamma, nodes=16, width=4, max_new_tokens=48,
-                             warp=greedy, eos_token_ids=[])
+        spec = tree_generate(target, drafter, ids, gamma=drafter.cfg.gamma, nodes=16, width=width,
+                             max_new_tokens=48, warp=greedy, eos_token_ids=[], lookup=lookup)
         assert spec.tokens == base
+        assert all(r.proposed <= 16 for r in spec.rounds)
         accepted += sum(r.accepted for r in spec.rounds)
         rounds += len(spec.rounds)
-    tau = (accepted + rounds) / rounds
+    return (accepted + rounds) / rounds
+
+
+def test_shipped_draft_tree_verification_is_lossless_and_accepts_more(shipped):
+    _, target, drafter = shipped
+    tau = _tree_tau(target, drafter, width=4)
     assert tau >= TREE_TAU_FLOOR, tau
 
 
 def test_shipped_draft_tree_with_prompt_lookup_is_lossless_and_accepts_more(shipped):
     """The demo's fastest setting (tree 16 × 8 with prompt lookup, n ≤ 3), in fp32: the target's output,
     with more tokens per round than the tree alone on the same prompts."""
-    from deepspec.eval.sampling import make_warp
-    from deepspec.eval.speculative import target_generate
-    from deepspec.eval.tree_decode import tree_generate
-    from deepspec.targets import encode_prompt
     _, target, drafter = shipped
-    torch.set_num_threads(2)
-    greedy = make_warp(0.0)
-    taus = {}
-    for lookup in (None, (3, 1)):
-        accepted = rounds = 0
-        for text in ["What is 15 times 4? Explain step by step.",
-                     "Write a short Python function that reverses a string.",
-                     "Give me three tips for a job interview."]:
-            ids = encode_prompt(target.tokenizer, [{"role": "user", "content": text}])
-            base = target_generate(target, ids, max_new_tokens=48, warp=greedy, eos_token_ids=[]).tokens
-            spec = tree_generate(target, drafter, ids, gamma=drafter.cfg.gamma, nodes=16, width=8,
-                                 max_new_tokens=48, warp=greedy, eos_token_ids=[], lookup=lookup)
-            assert spec.tokens == base
-            assert all(r.proposed <= 16 for r in spec.rounds)
-            accepted += sum(r.accepted for r in spec.rounds)
-            rounds += len(spec.rounds)
-        taus[lookup] = (accepted + rounds) / rounds
-    assert taus[(3, 1)] >= LOOKUP_TAU_FLOOR and taus[(3, 1)] > taus[None], taus
+    alone, with_lookup = _tree_tau(target, drafter, width=8), _tree_tau(target, drafter, width=8, lookup=(3, 1))
+    assert with_lookup >= LOOKUP_TAU_FLOOR and with_lookup > alone, (alone, with_lookup)
