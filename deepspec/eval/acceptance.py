@@ -21,6 +21,8 @@ from typing import List, Optional
 
 import torch
 
+from .sampling import greedy_ids
+
 __all__ = ["Verification", "accept_greedy", "verify_greedy", "verify_sampling", "verify", "residual_distribution"]
 
 
@@ -60,7 +62,7 @@ def verify_greedy(draft_tokens, target_scores: torch.Tensor) -> Verification:
     g = len(draft)
     if target_scores.shape[0] < g + 1:
         raise ValueError(f"need {g + 1} target rows for {g} draft tokens, got {target_scores.shape[0]}")
-    return accept_greedy(draft, target_scores[: g + 1].argmax(dim=-1).tolist())
+    return accept_greedy(draft, greedy_ids(target_scores[: g + 1]).tolist())
 
 
 def accept_greedy(draft: List[int], best: List[int]) -> Verification:

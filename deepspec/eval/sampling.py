@@ -48,7 +48,7 @@ class Warp:
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
         logits = logits.float()
         if self.greedy:
-            idx = logits.argmax(dim=-1, keepdim=True)
+            idx = greedy_ids(logits).unsqueeze(-1)
             return torch.zeros_like(logits).scatter_(-1, idx, 1.0)
         x = logits / self.temperature
         vocab = x.shape[-1]

@@ -138,7 +138,7 @@ def _first_token(logits: torch.Tensor, warp: Warp, generator: Optional[torch.Gen
     """A token from target logits [V]: argmax under greedy (what sampling the one-hot warp gives,
     without drawing V exponentials), else a draw from the warped distribution."""
     if warp.greedy:
-        return int(logits.argmax())
+        return int(greedy_ids(logits))
     return sample_token(warp(logits), generator)
 
 
