@@ -2,8 +2,8 @@
 
     deepspec [-v] [--debug] <command> [--cfg job] [key=value ...]
 
-Every stage composes a typed config from `deepspec/conf/` (Hydra groups target/, draft/, data/,
-cache/, train/, eval/, schedule/, engine/), an optional `recipe=<name>` from `deepspec/recipes/`,
+Every stage composes a typed config from `conf/` (Hydra groups target/, draft/, data/,
+cache/, train/, eval/, schedule/, engine/), an optional `recipe=<name>` from `recipes/`,
 and the overrides given, writes the resolved config beside its outputs and runs.
 
 A known failure (bad input record, corrupted or mismatched cache or checkpoint, wrong config)

@@ -1,4 +1,4 @@
-"""Typed configuration: dataclasses hold every default; Hydra YAML under `deepspec/conf/` states the variants."""
+"""Typed configuration: dataclasses hold every default; Hydra YAML under `conf/` states the variants."""
 from .loader import (ConfigError, compose_config, config_from_yaml, list_recipes, load_config,
                      save_config, to_object, to_yaml)
 from .schema import (CacheConfig, DataConfig, DeepSpecConfig, DraftConfig, EvalConfig, LossConfig,

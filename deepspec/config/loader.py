@@ -1,4 +1,4 @@
-"""Compose a typed config from `deepspec/conf/`, a recipe and command-line overrides.
+"""Compose a typed config from `conf/`, a recipe and command-line overrides.
 
 The dataclasses (`deepspec/config/<group>.py`) hold every default.  `conf/config.yaml`
 holds the defaults list (one choice per group); each group file under `conf/<group>/`
@@ -7,8 +7,9 @@ so a misspelt key or a wrong type fails with the key's full name.  A recipe
 (`recipes/<name>.yaml`) is an experiment: group choices plus the field values that
 differ from them, applied before the user's own overrides.
 
-`conf/` and `recipes/` are package data inside `deepspec/`, so an installed wheel finds
-them; `DEEPSPEC_CONF_DIR` / `DEEPSPEC_RECIPES_DIR` point elsewhere.
+`conf/` and `recipes/` sit at the repository root; the wheel maps them into the package
+(`deepspec/conf`, `deepspec/recipes`; see `setup.py`), so an installed wheel finds them too.
+`DEEPSPEC_CONF_DIR` / `DEEPSPEC_RECIPES_DIR` point elsewhere.
 """
 from __future__ import annotations
 
@@ -42,12 +43,20 @@ def project_root() -> Path:
     return PACKAGE_DIR.parent
 
 
+def _data_dir(name: str) -> Path:
+    """`<repo>/<name>` in a source checkout (editable install), `deepspec/<name>` in a wheel."""
+    checkout = project_root() / name
+    if (project_root() / "pyproject.toml").is_file() and checkout.is_dir():
+        return checkout
+    return PACKAGE_DIR / name
+
+
 def conf_dir() -> Path:
-    return Path(os.environ.get("DEEPSPEC_CONF_DIR", PACKAGE_DIR / "conf")).resolve()
+    return Path(os.environ.get("DEEPSPEC_CONF_DIR", _data_dir("conf"))).resolve()
 
 
 def recipes_dir() -> Path:
-    return Path(os.environ.get("DEEPSPEC_RECIPES_DIR", PACKAGE_DIR / "recipes")).resolve()
+    return Path(os.environ.get("DEEPSPEC_RECIPES_DIR", _data_dir("recipes"))).resolve()
 
 
 def list_recipes() -> List[str]:

@@ -1,0 +1,48 @@
+"""Evaluation section (`eval=...`)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+
+@dataclass
+class EvalConfig:
+    checkpoint: Optional[str] = None
+    data_dir: str = "../shared/eval_datasets"
+    benchmarks: List[str] = field(
+        default_factory=lambda: ["gsm8k", "math500", "aime25", "humaneval", "mbpp",
+                                 "livecodebench", "mt-bench", "arena-hard-v2"])
+    max_samples: Optional[int] = 20
+    max_new_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    gamma: Optional[int] = None
+    # Verify only the prefix whose cumulative confidence stays above this (None = off).
+    confidence_threshold: Optional[float] = None
+    # Verify a draft tree of at most this many nodes per round instead of a chain of γ drafts
+    # (greedy only, parallel drafters; `deepspec.eval.tree_decode`).  None = chains.
+    tree_nodes: Optional[int] = None
+    # Tree growth: nodes expanded per depth, and children per expanded node.
+    tree_width: int = 4
+    # Prompt lookup (trees only): each round also verifies the tokens that followed the latest earlier
+    # occurrence of the context's last n tokens, n from lookup_ngram down to lookup_min_ngram, within the
+    # same node budget (`deepspec.drafts.lookup`).  0 = off.
+    lookup_ngram: int = 0
+    lookup_min_ngram: int = 1
+    # The drafter's weights while decoding: null = as saved (fp32), float32 | bfloat16 | float16, or
+    # "target" = the target's dtype.  The verification stays the target's, so any dtype is lossless.
+    draft_dtype: Optional[str] = None
+    multi_turn: bool = True
+    measure_baseline: bool = True
+    seed: int = 0
+    # Percentile-bootstrap resamples over requests for the 95% intervals of τ and the speedup
+    # (per benchmark; stratified for the domain/overall macro); seeded with `seed`. 0 = off.
+    bootstrap_resamples: int = 1000
+    out_dir: Optional[str] = None
+    # One short untimed generation before measuring (kernels, allocator, caches).
+    warmup: bool = True
+    # tqdm progress bar over requests.
+    progress: bool = True
+    # Decode again even when results.json already matches this config, checkpoint and prompts.
+    rerun: bool = False

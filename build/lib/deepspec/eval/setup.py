@@ -1,0 +1,82 @@
+"""What an eval decodes with: the drafter (loaded, in ``eval.draft_dtype``) and the verification policy."""
+from __future__ import annotations
+
+import logging
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+
+from ..config import ConfigError
+from ..drafts.registry import build_drafter, load_drafter
+from ..schedule.calibration import Calibration, find_calibration
+from ..schedule.prefix_scheduler import policy_from_config
+from ..targets.loader import resolve_dtype
+from . import reference_drafters  # noqa: F401  (registers the reference drafters)
+
+log = logging.getLogger(__name__)
+
+__all__ = ["build_policy", "draft_dtype", "drafter_gamma", "load_eval_drafter"]
+
+
+def drafter_gamma(drafter, default: int = 7) -> int:
+    g = getattr(drafter, "gamma", None)
+    if g is None:
+        g = getattr(getattr(drafter, "cfg", None), "gamma", None)
+    return int(g or default)
+
+
+def draft_dtype(name: Optional[str], target) -> Optional[torch.dtype]:
+    """``eval.draft_dtype``: None keeps the drafter as saved; "target" is the target's dtype."""
+    if name is None:
+        return None
+    if name == "target":
+        return target.dtype
+    if name == "auto":
+        raise ConfigError("eval.draft_dtype=auto: name a dtype (float32, bfloat16, float16), target, or null")
+    try:
+        return resolve_dtype(name)
+    except ValueError:
+        raise ConfigError(f"eval.draft_dtype={name!r}: choose float32, bfloat16, float16, target or null") from None
+
+
+def load_eval_drafter(cfg, target) -> Tuple[Any, Dict[str, Any]]:
+    """The drafter of ``eval.checkpoint`` (or a random-init ``cfg.draft`` with a warning)."""
+    ckpt = cfg.eval.checkpoint
+    if ckpt:
+        drafter = load_drafter(ckpt, target)
+        source = str(ckpt)
+    else:
+        drafter = build_drafter(target, cfg.draft)
+        reference = getattr(drafter, "is_reference", False)
+        if not reference:
+            log.warning("eval.checkpoint is not set: evaluating a RANDOMLY INITIALISED %s drafter "
+                        "(τ will be close to 1)", cfg.draft.algorithm)
+        source = "reference" if reference else "random-init"
+    if isinstance(drafter, torch.nn.Module):
+        drafter.eval()
+        dtype = draft_dtype(cfg.eval.draft_dtype, target)
+        if dtype is not None:
+            drafter.to(dtype)
+    n_params = sum(p.numel() for p in drafter.parameters()) if isinstance(drafter, torch.nn.Module) else 0
+    info = {"algorithm": getattr(drafter, "algorithm", type(drafter).__name__), "class": type(drafter).__name__,
+            "source": source, "gamma": drafter_gamma(drafter, cfg.draft.gamma), "parameters": int(n_params),
+            "dtype": str(next(drafter.parameters()).dtype).replace("torch.", "") if n_params else None}
+    return drafter, info
+
+
+def build_policy(cfg, target=None):
+    """(policy, calibration temperatures or None) for eval.
+
+    Uses `deepspec.schedule.prefix_scheduler.policy_from_config`: fixed γ by default,
+    a threshold on the (STS-calibrated) cumulative confidence when
+    ``eval.confidence_threshold`` is set, or the prefix scheduler (``schedule.policy``)."""
+    policy = policy_from_config(cfg, target)
+    cal = getattr(policy, "calibration", None)
+    if cal is None:
+        try:
+            sc = getattr(cfg.schedule, "calibration", None)
+            cal = Calibration.load(sc) if sc else find_calibration(cfg.eval.checkpoint)
+        except FileNotFoundError:
+            cal = None
+    temps = list(cal.temperatures) if cal is not None else None
+    return policy, temps

@@ -1,0 +1,69 @@
+"""Build a `TargetAdapter` from a `TargetConfig` (HF id, directory, GGUF, reference, tiny)."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from ..config import TargetConfig
+from .adapter import TargetAdapter
+from .reference import fetch_reference
+from .tiny import build_tiny, parse_tiny_spec
+
+log = logging.getLogger(__name__)
+_DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16,
+           "fp16": torch.float16, "float32": torch.float32, "fp32": torch.float32}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device | None = None) -> torch.dtype:
+    """``auto``: bf16 on accelerators, fp32 on CPUs (CPUs without native bf16 run it ~3x slower)."""
+    if name == "auto":
+        return torch.bfloat16 if device is not None and device.type != "cpu" else torch.float32
+    if name not in _DTYPES:
+        raise ValueError(f"target.dtype={name!r}: choose from auto, {', '.join(sorted(_DTYPES))}")
+    return _DTYPES[name]
+
+
+def _template_kwargs(cfg: TargetConfig) -> dict:
+    kw = dict(cfg.chat_template_kwargs)
+    if cfg.enable_thinking is not None:
+        kw["enable_thinking"] = cfg.enable_thinking
+    return kw
+
+
+def load_target(cfg: TargetConfig, device: str | None = None) -> TargetAdapter:
+    dev = resolve_device(device or cfg.device)
+    dtype = resolve_dtype(cfg.dtype, dev)
+    if cfg.trust_remote_code:
+        log.warning("target.trust_remote_code=true: code shipped with %s will be executed", cfg.path)
+    tiny = parse_tiny_spec(cfg.path)
+    if tiny is not None:
+        model, tok = build_tiny(**tiny)
+        model = model.to(dtype)
+    else:
+        path = cfg.path
+        gguf = cfg.gguf_file
+        if path.startswith("reference:"):
+            path = str(fetch_reference(path.split(":", 1)[1]))
+        elif path.endswith(".gguf"):
+            p = Path(path)
+            path, gguf = str(p.parent), p.name
+        kw = dict(trust_remote_code=cfg.trust_remote_code)
+        if gguf:
+            kw["gguf_file"] = gguf
+        tok = AutoTokenizer.from_pretrained(path, **kw)
+        mkw = dict(kw, dtype=dtype)
+        if cfg.attn_implementation:
+            mkw["attn_implementation"] = cfg.attn_implementation
+        model = AutoModelForCausalLM.from_pretrained(path, **mkw)
+    model = model.to(dev)
+    return TargetAdapter(model, tok, layer_ids=cfg.layer_ids, num_feature_layers=cfg.num_feature_layers,
+                         name=cfg.name, chat_template_kwargs=_template_kwargs(cfg))

@@ -1,0 +1,154 @@
+"""Tiny randomly initialised targets for tests and smoke runs (no downloads).
+
+Each family gets its real model class from transformers with a tiny config and a
+small byte-level BPE tokenizer trained in code on a fixed corpus, carrying a chat
+template in the family's own style (Llama 3 headers, Qwen3 ChatML with thinking
+switch, Gemma 3 turns).
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Optional
+
+import torch
+import transformers as tf
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+FAMILIES = ("llama", "qwen3", "gemma3", "qwen2", "mistral")
+
+_CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "def add(a, b):\n    return a + b\n",
+    "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May.",
+    "Speculative decoding drafts several tokens and verifies them with the target in one pass.",
+    "What is 12 times 7? It is 84. Let x = 3, then 2x + 1 = 7.",
+    "Write a poem about the sea. The waves roll in, the gulls cry out.",
+    "import math\nprint(math.sqrt(16))\nfor i in range(10):\n    print(i)\n",
+    "Hello! How can I help you today? Sure, here is an answer with some detail.",
+] * 4
+
+_TEMPLATES = {
+    "llama": (
+        "{{ '<|begin_of_text|>' }}{% for m in messages %}"
+        "{{ '<|start_header_id|>' + m['role'] + '<|end_header_id|>\n\n' + m['content'] + '<|eot_id|>' }}"
+        "{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
+    ),
+    "qwen3": (
+        "{% set ns = namespace(last_user=-1) %}{% for m in messages %}{% if m['role'] == 'user' %}"
+        "{% set ns.last_user = loop.index0 %}{% endif %}{% endfor %}"
+        "{% for m in messages %}{% if m['role'] == 'assistant' %}"
+        "{{ '<|im_start|>assistant\n' }}{% if loop.index0 > ns.last_user %}{{ '<think>\n\n</think>\n\n' }}{% endif %}"
+        "{{ m['content'] + '<|im_end|>\n' }}"
+        "{% else %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{% endif %}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
+        "{% if enable_thinking is defined and enable_thinking is false %}{{ '<think>\n\n</think>\n\n' }}{% endif %}"
+        "{% endif %}"
+    ),
+    "gemma3": (
+        "{{ '<bos>' }}{% set sys = '' %}{% for m in messages %}"
+        "{% if m['role'] == 'system' %}{% set sys = m['content'] + '\n\n' %}{% else %}"
+        "{{ '<start_of_turn>' + ('model' if m['role'] == 'assistant' else 'user') + '\n' }}"
+        "{% if loop.index0 == 1 and messages[0]['role'] == 'system' %}{{ messages[0]['content'] + '\n\n' }}{% endif %}"
+        "{{ m['content'] + '<end_of_turn>\n' }}{% endif %}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
+    ),
+}
+_TEMPLATES["qwen2"] = _TEMPLATES["qwen3"]
+_TEMPLATES["mistral"] = _TEMPLATES["llama"]
+
+_SPECIAL = {
+    "llama": ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<pad>"],
+    "qwen3": ["<|im_start|>", "<|im_end|>", "<think>", "</think>", "<|endoftext|>"],
+    "gemma3": ["<bos>", "<start_of_turn>", "<end_of_turn>", "<eos>", "<pad>"],
+}
+_SPECIAL["qwen2"] = _SPECIAL["qwen3"]
+_SPECIAL["mistral"] = _SPECIAL["llama"]
+_EOS = {"llama": "<|eot_id|>", "qwen3": "<|im_end|>", "gemma3": "<end_of_turn>",
+        "qwen2": "<|im_end|>", "mistral": "<|eot_id|>"}
+_PAD = {"llama": "<pad>", "qwen3": "<|endoftext|>", "gemma3": "<pad>", "qwen2": "<|endoftext|>",
+        "mistral": "<pad>"}
+
+
+@lru_cache(maxsize=None)
+def _tokenizer_json(family: str, vocab_size: int) -> str:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=_SPECIAL[family],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(_CORPUS, trainer=trainer)
+    return tok.to_str()
+
+
+def tiny_tokenizer(family: str, vocab_size: int = 512):
+    if family not in FAMILIES:
+        raise ValueError(f"unknown tiny family {family!r}; choose from {FAMILIES}")
+    tk = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(_tokenizer_json(family, vocab_size)),
+                                 eos_token=_EOS[family], pad_token=_PAD[family])
+    tk.chat_template = _TEMPLATES[family]
+    return tk
+
+
+def tiny_config(family: str, vocab_size: int, num_layers: int = 4, hidden_size: int = 64):
+    common = dict(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+                  num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
+                  max_position_embeddings=1024, tie_word_embeddings=False)
+    if family == "llama":
+        return tf.LlamaConfig(**common)
+    if family == "mistral":
+        return tf.MistralConfig(**common, sliding_window=None)
+    if family == "qwen2":
+        return tf.Qwen2Config(**common)
+    if family == "qwen3":
+        return tf.Qwen3Config(**common, head_dim=hidden_size // 4)
+    if family == "gemma3":
+        return tf.Gemma3TextConfig(**common, head_dim=hidden_size // 4, sliding_window=16,
+                                   query_pre_attn_scalar=hidden_size // 4)
+    raise ValueError(f"unknown tiny family {family!r}; choose from {FAMILIES}")
+
+
+def tiny_model(family: str, vocab_size: int, num_layers: int = 4, hidden_size: int = 64, seed: int = 0):
+    cfg = tiny_config(family, vocab_size, num_layers, hidden_size)
+    g = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        model = AutoModelForCausalLM.from_config(cfg)
+    finally:
+        torch.random.set_rng_state(g)
+    model.generation_config.eos_token_id = None
+    return model.eval()
+
+
+def build_tiny(family: str, num_layers: int = 4, hidden_size: int = 64, vocab_size: int = 512, seed: int = 0):
+    """(model, tokenizer) of a tiny random target of ``family``."""
+    tok = tiny_tokenizer(family, vocab_size)
+    model = tiny_model(family, len(tok), num_layers, hidden_size, seed)
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.generation_config.pad_token_id = tok.pad_token_id
+    return model, tok
+
+
+def save_tiny(family: str, out_dir: str | Path, **kw) -> Path:
+    """Write a tiny target as a normal HF directory (loadable with ``target.path=DIR``)."""
+    out = Path(out_dir)
+    model, tok = build_tiny(family, **kw)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def parse_tiny_spec(spec: str) -> Optional[dict]:
+    """``tiny:llama`` / ``tiny:qwen3:layers=6`` → build kwargs, or None if not a tiny spec."""
+    if not spec.startswith("tiny:"):
+        return None
+    parts = spec.split(":")[1:]
+    kw = {"family": parts[0]}
+    for p in parts[1:]:
+        k, _, v = p.partition("=")
+        key = {"layers": "num_layers", "hidden": "hidden_size", "vocab": "vocab_size", "seed": "seed"}.get(k)
+        if key is None or not v.isdigit():
+            raise ValueError(f"bad tiny target spec {spec!r}: {p!r} (use layers=, hidden=, vocab=, seed=)")
+        kw[key] = int(v)
+    return kw

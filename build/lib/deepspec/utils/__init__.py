@@ -1,0 +1,1 @@
+"""Small helpers shared by the stages (no stage logic here)."""
