@@ -1,8 +1,8 @@
 """Training section (`train=...`)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional
+from dataclasses import dataclass, field
+from typing import List, Optional
 
 
 @dataclass
@@ -58,3 +58,12 @@ class TrainConfig:
     verify_sync: bool = False
     wandb_entity: Optional[str] = None
     wandb_run_name: Optional[str] = None
+    # Real-loop τ while training (train/decode_eval.py): every N steps (0 = off) decode the first turns
+    # of decode_eval_samples held-out prompts with the lossless loop, once per temperature, and log
+    # decode/tau_t{T} beside the teacher-forced eval/expected_tau.  Prompts: a {"turns": [...]} JSONL,
+    # null = the regeneration's held-out prompts (heldout.jsonl beside regen.jsonl).
+    decode_eval_every: int = 0
+    decode_eval_prompts: Optional[str] = None
+    decode_eval_samples: int = 8
+    decode_eval_new_tokens: int = 32
+    decode_eval_temperatures: List[float] = field(default_factory=lambda: [0.0, 1.0])

@@ -5,13 +5,12 @@ in order (mt-bench has two).  Files are read in place, never copied.
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from ..data import DataError
+from ..data.prompts import read_turns_file
 from ..config.loader import project_root
 
 __all__ = ["DOMAINS", "BENCHMARK_DOMAIN", "Sample", "domain_of", "resolve_data_dir", "benchmark_path",
@@ -70,24 +69,8 @@ def benchmark_path(data_dir: str | os.PathLike, name: str) -> Path:
 def load_benchmark(data_dir: str | os.PathLike, name: str, max_samples: Optional[int] = None) -> List[Sample]:
     """The first ``max_samples`` conversations of ``<data_dir>/<name>.jsonl``."""
     path = benchmark_path(data_dir, name)
-    out: List[Sample] = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if max_samples is not None and len(out) >= max_samples:
-                break
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"not JSON: {e}", origin=f"{path}:{lineno}", reason="invalid_json") from e
-            turns = row.get("turns") if isinstance(row, dict) else None
-            if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
-                raise DataError("expected {\"turns\": [str, ...]} with at least one turn", origin=f"{path}:{lineno}",
-                                reason="bad_type")
-            out.append(Sample(benchmark=name, index=len(out), turns=list(turns)))
-    return out
+    return [Sample(benchmark=name, index=i, turns=turns)
+            for i, turns in enumerate(read_turns_file(path, max_rows=max_samples))]
 
 
 def load_benchmarks(data_dir: str | os.PathLike, names: Sequence[str],

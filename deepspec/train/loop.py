@@ -40,6 +40,7 @@ from .accumulate import Accumulator, metric_keys, reduce_stats
 from .data import (CachedSequences, GlobalBatchPlan, MicroBatches, OnlineFeatures, OnlineSequences,
                    build_micro_batch, check_batch_sizes, heldout_micro_batches, loader_workers, split_heldout)
 from .logging import MetricsLogger, config_as_dict, progress_postfix
+from .decode_eval import DecodeEval
 from .draft_vocab import install_draft_vocab
 from .optim import lr_at
 from .precision import use_bf16
@@ -114,6 +115,8 @@ class Trainer:
         else:
             torch.manual_seed(cfg.seed + 1 + env.rank)
         self._shadow = None        # rank 0's full copy for saving sharded (FSDP) drafters
+        self.decode_eval = DecodeEval(cfg, self.target) if tc.decode_eval_every > 0 and env.is_main else None
+        self._last_decode: Dict[str, float] = {}
         self._metric_keys: Optional[List[str]] = None
         self.use_bf16 = use_bf16(tc.bf16, env.device)
         self.logger = MetricsLogger(self.run_dir, tc, enabled=env.is_main, total_steps=self.total_steps,
@@ -238,7 +241,7 @@ class Trainer:
         last_saved: Optional[Path] = ckpt.latest_checkpoint(self.ckpt_root) if self.step else None
         self.signals.install()
         while self.step < self.total_steps:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             lr = lr_at(self.step, self.total_steps, tc.lr, tc.warmup_ratio, tc.min_lr_ratio)
             acc = Accumulator()
             t_data = 0.0
@@ -257,22 +260,24 @@ class Trainer:
             self._check_finite(step, stats, last_saved)
             grad_norm = self.strategy.step(lr)
             self.step, self.consumed = step, self.consumed + G
-            dt = time.perf_counter() - t0
+            dt, cpu = time.perf_counter() - t0, time.process_time() - c0
             record = {**{f"train/{k}": v for k, v in stats["metrics"].items()},
                       "train/loss": stats["loss"], "lr": lr, "grad_norm": grad_norm,
                       "tokens_per_s": stats["tokens"] / max(dt, 1e-9), "tokens": stats["tokens"],
-                      "step_time_s": dt, "data_time_s": t_data, "epoch": self.consumed / len(self.train_idx),
+                      "step_time_s": dt, "step_cpu_s": cpu, "data_time_s": t_data, "epoch": self.consumed / len(self.train_idx),
                       "sequences": self.consumed}
             if tc.verify_sync:
                 record["param_sync_diff"] = self._sync_diff()
             if step % max(tc.log_every, 1) == 0 or step == self.total_steps:
                 self.logger.log(step, record)
-            self.logger.progress(step, progress_postfix(record))
+            self.logger.progress(step, {**progress_postfix(record), **self._last_decode_postfix()})
             if self.heldout_idx and tc.eval_every and (step % tc.eval_every == 0 or step == self.total_steps):
                 ev = self.evaluate()
                 self.logger.log(step, ev)
                 self.logger.write(f"step {step}: eval loss {ev['eval/loss']:.4f}, "
                                   f"τ {ev.get('eval/expected_tau', float('nan')):.3f}")
+            if tc.decode_eval_every > 0 and (step % tc.decode_eval_every == 0 or step == self.total_steps):
+                self._decode_eval(step)
             if (tc.save_every and step % tc.save_every == 0) or step == self.total_steps or stats["stop"]:
                 last_saved = self.save()
             if stats["stop"]:
@@ -327,6 +332,21 @@ class Trainer:
         stats = self._reduce(acc, stop=None)
         return {"eval/loss": stats["loss"], **{f"eval/{k}": v for k, v in stats["metrics"].items()}}
 
+    def _decode_eval(self, step: int) -> None:
+        """Real-loop τ on rank 0 (`decode_eval.py`); sharded drafters are gathered into a full copy first."""
+        drafter = self._full_drafter() if isinstance(self.strategy, FSDPStrategy) else self.drafter
+        if self.env.is_main:
+            out = self.decode_eval(drafter)
+            self._last_decode = out
+            self.logger.log(step, out)
+            taus = ", ".join(f"{k.split('_', 1)[1]} {v:.3f}" for k, v in out.items() if k.startswith("decode/tau_"))
+            self.logger.write(f"step {step}: decode τ {taus} ({out['decode/seconds']:.0f} s)")
+        barrier(self.env)
+
+    def _last_decode_postfix(self) -> Dict[str, str]:
+        return {f"τ {k.split('_', 1)[1]}": f"{v:.2f}" for k, v in self._last_decode.items()
+                if k.startswith("decode/tau_")}
+
     # -- checkpoints -------------------------------------------------------------------------------
     def save(self) -> Path:
         env, tc = self.env, self.cfg.train
@@ -359,15 +379,23 @@ class Trainer:
             return self.drafter.save_pretrained
 
         def save(out: Path) -> None:   # sharded parameters: save through a full copy on rank 0
-            if self._shadow is None:
-                with torch.random.fork_rng(devices=[self.env.device] if self.env.device.type == "cuda" else []):
-                    self._shadow = build_drafter(self.target, self.cfg.draft)
-            with torch.no_grad():
-                for n, p in self._shadow.named_parameters():
-                    if n in weights:
-                        p.copy_(weights[n].to(p.device, p.dtype))
-            self._shadow.save_pretrained(out)
+            self._fill_shadow(weights).save_pretrained(out)
         return save
+
+    def _fill_shadow(self, weights: Dict[str, torch.Tensor]):
+        """Rank 0's full drafter holding ``weights`` (built once, outside the training RNG stream)."""
+        if self._shadow is None:
+            with torch.random.fork_rng(devices=[self.env.device] if self.env.device.type == "cuda" else []):
+                self._shadow = build_drafter(self.target, self.cfg.draft)
+        with torch.no_grad():
+            for n, p in self._shadow.named_parameters():
+                if n in weights:
+                    p.copy_(weights[n].to(p.device, p.dtype))
+        return self._shadow
+
+    def _full_drafter(self):
+        weights, _ = self.strategy.full_state()       # collective: every rank calls it
+        return self._fill_shadow(weights) if self.env.is_main else None
 
     def close(self) -> None:
         self.signals.uninstall()

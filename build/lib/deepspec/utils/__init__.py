@@ -1,1 +1,0 @@
-"""Small helpers shared by the stages (no stage logic here)."""
