@@ -11,9 +11,6 @@ class LossConfig:
     # Weight of the distribution term L1 = Σ_v |q(v) − p(v)| = 2·TV(q, p), as in the DSpark paper
     # (eq. 10) and DeepSpec's loss; the logged `tv` metric stays ½·L1 (the rejection probability).
     l1_weight: float = 0.9
-    # Parallel drafters: weight of the soft cross-entropy −Σ_v p(v) log q(v) (the forward KL up to the
-    # target's entropy, Eagle3's only term).  0 in the paper and DeepSpec; an ablation of the loss.
-    soft_ce_weight: float = 0.0
     conf_weight: float = 1.0
     # Position weight w_k = exp(-k / decay) with k counted from 0 (DeepSpec);
     # decay <= 0 disables the decay (all weights 1).
@@ -65,16 +62,6 @@ class DraftConfig:
     # target feature (position p-1) to every block input, the view Eagle3 gets in its layer input.
     # Default false keeps the published architecture (context only as extra K/V).
     anchor_feature: bool = False
-    # Ablation for DFlash/DSpark, not part of either paper: a residual SwiGLU (width = the draft's
-    # intermediate size) over each context position before the norm, so the context keys/values come
-    # from a learned per-position encoding of the target features instead of one linear map (Eagle3's
-    # context is a full layer's output).  Still per position: decoding caches it like the plain map.
-    context_mlp: bool = False
-    # Ablation, not part of the papers: none = the target features enter the projection as they are;
-    # channel = each feature channel is divided by its RMS over a fixed probe text (computed from the
-    # target when the draft is built, saved with it), so the few "massive activation" channels of the
-    # target's residual stream (10-30x the median channel on SmolLM2) enter at unit scale.
-    feature_norm: str = "none"
     # Ablation for DFlash/DSpark, not part of either paper: pass the block's token embeddings through a
     # learned linear map even when the draft is as wide as the target (otherwise only when widths
     # differ). With tied target embeddings (SmolLM2) the raw anchor embedding otherwise reaches the
@@ -85,11 +72,6 @@ class DraftConfig:
     # Initialise from a saved draft directory: weights with matching names and shapes are
     # copied (e.g. a DSpark backbone from a DFlash checkpoint); the rest keep their init.
     init_from: Optional[str] = None
-    # Ablation, not part of either paper: initialise every draft layer's attention and MLP
-    # projections from this decoder layer of the target (negative = counted from the end, -1 the
-    # last), instead of N(0, 0.02). Norms keep their init. Needs the target's layer sizes (draft
-    # width and heads unset); applied before init_from, so a saved draft still overrides it.
-    init_from_target_layer: Optional[int] = None
     # Draft vocabulary: score only the N most frequent answer tokens of the training data (EAGLE-3's
     # d2t/t2d; selected by the trainer from the cache, saved in the checkpoint); null = all tokens.
     # Proposals stay lossless: the draft puts probability 0 outside it.

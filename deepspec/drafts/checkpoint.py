@@ -48,13 +48,32 @@ class DraftCheckpointError(DeepSpecError, ValueError):
     Only ``config.json`` and ``model.safetensors`` are ever read: no pickle, no ``.bin``/``.pt``."""
 
 
+# Options that older drafts may carry in their saved config, at the value that made them a no-op.
+# They were removed after measuring level or worse; a draft trained with another value cannot be rebuilt.
+REMOVED_OPTIONS = {"feature_norm": "none", "context_mlp": False, "init_from_target_layer": None,
+                   "soft_ce_weight": 0.0}
+
+
+def _check_removed(d: Dict[str, Any], where: str) -> None:
+    for k, off in REMOVED_OPTIONS.items():
+        if k in d and d[k] != off:
+            raise DraftCheckpointError(f"{where}.{k}={d[k]!r}: this option was removed (it measured level or "
+                                       "worse); the draft cannot be rebuilt by this version")
+        d.pop(k, None)
+
+
 def coerce_draft_config(cfg) -> DraftConfig:
-    """A `DraftConfig` from a dataclass, an OmegaConf node or a plain dict (unknown keys dropped)."""
+    """A `DraftConfig` from a dataclass, an OmegaConf node or a plain dict (unknown keys dropped with a
+    warning; removed options accepted only at their no-op value)."""
     if isinstance(cfg, DraftConfig):
         return dataclasses.replace(cfg, loss=dataclasses.replace(cfg.loss))
     if not isinstance(cfg, dict):
         cfg = OmegaConf.to_container(cfg, resolve=True)
     d = dict(cfg)
+    _check_removed(d, "draft")
+    if isinstance(d.get("loss"), dict):
+        d["loss"] = dict(d["loss"])
+        _check_removed(d["loss"], "draft.loss")
     known = {f.name for f in dataclasses.fields(DraftConfig)}
     extra = sorted(set(d) - known)
     if extra:

@@ -9,35 +9,33 @@ and projects only the new positions on `advance`.
 """
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from typing import List, Sequence
 
 import torch
 from torch import nn
 
-from .feature_scale import scale_features, set_inv_rms
-from .layers import KV, DraftLayer, RMSNorm, SwiGLU
+from .layers import KV, DraftLayer, RMSNorm
 
 
 class ContextProjector(nn.Module):
-    """``RMSNorm(fc(features))``, the features times ``inv_rms`` first when given (`draft.feature_norm`);
-    with ``mlp_size`` (the `draft.context_mlp` ablation) a residual SwiGLU over each position first:
-    ``h = fc(f); h = h + mlp(RMSNorm(h)); RMSNorm(h)``."""
+    """``RMSNorm(fc(features))``."""
 
-    def __init__(self, feature_dim: int, hidden_size: int, eps: float = 1e-6, mlp_size: Optional[int] = None,
-                 inv_rms: Optional[torch.Tensor] = None):
+    def __init__(self, feature_dim: int, hidden_size: int, eps: float = 1e-6):
         super().__init__()
-        set_inv_rms(self, inv_rms)   # `draft.feature_norm=channel`: features / their per-channel RMS before fc
         self.fc = nn.Linear(feature_dim, hidden_size, bias=False)
-        self.mlp_norm = RMSNorm(hidden_size, eps) if mlp_size else None
-        self.mlp = SwiGLU(hidden_size, mlp_size) if mlp_size else None
         self.norm = RMSNorm(hidden_size, eps)
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         """features [..., L*H_target] -> H_ctx [..., H_draft]."""
-        h = self.fc(scale_features(features, self.inv_rms, self.fc.weight.dtype, self.fc.weight.device))
-        if self.mlp is not None:
-            h = h + self.mlp(self.mlp_norm(h))
-        return self.norm(h)
+        return self.norm(self.fc(as_input(features, self.fc.weight.dtype, self.fc.weight.device)))
+
+
+def as_input(features: torch.Tensor, dtype: torch.dtype, device) -> torch.Tensor:
+    """``features`` on ``device`` in ``dtype`` (a copy when they come from inference mode, e.g. straight
+    from `target.capture`, so that autograd may save them)."""
+    if features.is_inference():
+        features = features.clone()
+    return features.to(device=device, dtype=dtype)
 
 
 def context_kv(layers: Sequence[DraftLayer], h_ctx: torch.Tensor, positions: torch.Tensor) -> List[KV]:

@@ -55,8 +55,7 @@ import torch
 from torch import nn
 
 from .base import DraftState, Drafter, Proposal, batch_masks, draw, init_linear_weights
-from .context import append_kv
-from .feature_scale import inverse_feature_rms, scale_features, set_inv_rms
+from .context import append_kv, as_input
 from .layers import KV, DraftDims, DraftLayer, RMSNorm
 from .fused_loss import fused_logit_loss
 from .losses import metrics_from_stats, stat_sums, step_weights
@@ -105,7 +104,7 @@ class Eagle3Drafter(Drafter):
             raise ValueError("eagle3 needs draft.num_layers >= 1 and draft.ttt_steps >= 1")
         if cfg.eagle3_layout not in LAYOUTS:
             raise ValueError(f"draft.eagle3_layout={cfg.eagle3_layout!r}: choose from {', '.join(LAYOUTS)}")
-        parallel_only = [k for k in ("anchor_feature", "context_mlp", "embed_proj") if getattr(cfg, k)]
+        parallel_only = [k for k in ("anchor_feature", "embed_proj") if getattr(cfg, k)]
         if parallel_only:
             raise ValueError(f"draft.{parallel_only[0]}=true is an ablation of the parallel drafters (dspark, dflash); "
                              "eagle3 has no block input or context keys for it: leave it false")
@@ -114,8 +113,6 @@ class Eagle3Drafter(Drafter):
             check_engine_layout(cfg, target)
         self.dims = dims = DraftDims.from_target(target.config, cfg)
         D, Ht = dims.hidden_size, self.target_hidden_size
-        # `draft.feature_norm=channel`: features / their per-channel RMS before fc
-        set_inv_rms(self, inverse_feature_rms(target, cfg.feature_norm))
         self.fc = nn.Linear(self.feature_dim, D, bias=False)
         self.feat_norm = RMSNorm(D, dims.rms_eps)
         self.emb_norm = RMSNorm(Ht, dims.rms_eps)
@@ -131,7 +128,7 @@ class Eagle3Drafter(Drafter):
 
     # -- one step over a set of positions ------------------------------------------------------
     def _features(self, features: torch.Tensor) -> torch.Tensor:
-        return self.fc(scale_features(features, self.inv_rms, self.param_dtype, self.device))
+        return self.fc(as_input(features, self.param_dtype, self.device))
 
     def _step(self, tokens: torch.Tensor, g: torch.Tensor, pos: torch.Tensor,
               prefixes: List[Optional[KV]], mask: Optional[torch.Tensor]):

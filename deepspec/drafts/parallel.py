@@ -48,7 +48,6 @@ from torch import nn
 
 from .base import DraftState, Drafter, Proposal, batch_masks, draw, init_linear_weights
 from .context import ContextProjector, append_kv, context_kv
-from .feature_scale import inverse_feature_rms
 from .heads import ConfidenceHead, build_sequential_head
 from .layers import KV, DraftDims, DraftLayer, RMSNorm
 from .fused_loss import fused_logit_loss
@@ -79,11 +78,9 @@ class ParallelDrafter(Drafter):
             raise ValueError(f"draft.gamma and draft.num_layers must be >= 1 (got {cfg.gamma}, {cfg.num_layers})")
         self.dims = dims = DraftDims.from_target(target.config, cfg)
         D, Ht = dims.hidden_size, self.target_hidden_size
-        inv_rms = inverse_feature_rms(target, cfg.feature_norm)
-        self.context = ContextProjector(self.feature_dim, D, dims.rms_eps,
-                                        dims.intermediate_size if cfg.context_mlp else None, inv_rms)
+        self.context = ContextProjector(self.feature_dim, D, dims.rms_eps)
         self.in_proj = nn.Linear(Ht, D, bias=False) if D != Ht or cfg.embed_proj else None
-        self.anchor_proj = (ContextProjector(self.feature_dim, D, dims.rms_eps, inv_rms=inv_rms)
+        self.anchor_proj = (ContextProjector(self.feature_dim, D, dims.rms_eps)
                             if cfg.anchor_feature else None)
         self.layers = nn.ModuleList(DraftLayer(dims) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(D, dims.rms_eps)
@@ -184,13 +181,13 @@ class ParallelDrafter(Drafter):
 
     def _chunk_loss(self, hn, tgt_hidden, tokens, prev, valid_pos, target_fn, tgt_lse):
         """Loss numerator and per-position stats of one anchor chunk: 0.1·CE + 0.9·L1 (L1 = Σ|q − p| =
-        2·TV) (+ soft_ce_weight·(−Σ p log q), 0 by default) through the fused logits loss, plus
+        2·TV) through the fused logits loss (its soft-CE coefficient 0: that term is Eagle3's), plus
         1.0·BCE(c_k, 1 − TV_k), each weighted by w_k."""
         lc = self.cfg.loss
         D, g = hn.shape[-1], hn.shape[-2]
         h2, p2 = hn.reshape(-1, g, D), prev.reshape(-1, g)
         wv = (position_weights(g, lc.position_decay, hn.device) * valid_pos).reshape(-1).float()
-        coef = torch.stack([lc.ce_weight * wv, lc.l1_weight * wv, lc.soft_ce_weight * wv], -1)
+        coef = torch.stack([lc.ce_weight * wv, lc.l1_weight * wv, torch.zeros_like(wv)], -1)
         u = e = None
         if self.head is not None:
             u, e = self.head.low_rank(h2, p2)

@@ -21,7 +21,6 @@ from torch import nn
 
 from .checkpoint import (WEIGHTS_NAME, DraftCheckpointError, check_draft_vocab, check_target, coerce_draft_config,
                          load_weights, read_checkpoint_config, saved_draft_vocab_size)
-from .target_init import init_layers_from_target
 
 log = logging.getLogger(__name__)
 _REGISTRY: Dict[str, Tuple[type, Dict[str, Any]]] = {}
@@ -75,8 +74,6 @@ def build_drafter(target, cfg) -> nn.Module:
     cfg = effective_config(cfg)
     cls, _ = _lookup(cfg.algorithm)
     drafter = cls.from_target(target, cfg)
-    if cfg.init_from_target_layer is not None:
-        init_layers_from_target(drafter.layers, target, cfg.init_from_target_layer)
     if cfg.init_from:
         init_weights_from(drafter, cfg.init_from, target)
     return drafter
@@ -85,8 +82,7 @@ def build_drafter(target, cfg) -> nn.Module:
 def count_trainable_parameters(target, cfg) -> int:
     """Trainable parameters a drafter of ``cfg`` would have for ``target``, built on the ``meta`` device
     (shapes only: no memory, no initialisation cost; ``cfg.init_from`` is ignored)."""
-    cfg = dataclasses.replace(effective_config(cfg), init_from=None, init_from_target_layer=None,
-                              feature_norm="none")   # its buffer is no parameter: no target forward here
+    cfg = dataclasses.replace(effective_config(cfg), init_from=None)
     cls, _ = _lookup(cfg.algorithm)
     with torch.device("meta"):
         drafter = cls(target, cfg)
@@ -132,7 +128,7 @@ def load_drafter(in_dir, target, allow_target_mismatch: bool = False) -> nn.Modu
         cfg = dataclasses.replace(cfg, algorithm=name)
     if meta.get("mask_token_id") is not None:
         cfg = dataclasses.replace(cfg, mask_token_id=int(meta["mask_token_id"]))
-    cfg = dataclasses.replace(cfg, init_from=None, init_from_target_layer=None)  # saved weights replace any init
+    cfg = dataclasses.replace(cfg, init_from=None)  # saved weights replace any init
     check_target(meta.get("target") or {}, target, allow_target_mismatch, where=str(in_dir))
     if cfg.vocab_size is not None and not 1 <= int(cfg.vocab_size) <= int(target.vocab_size):
         raise DraftCheckpointError(f"draft checkpoint {in_dir}: draft.vocab_size={cfg.vocab_size} does not fit the "

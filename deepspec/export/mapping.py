@@ -106,10 +106,6 @@ UNREPRESENTABLE = {
                          "target's LM head straight to the draft's hidden state",
     r"anchor_proj\..+": "the anchor-feature ablation (draft.anchor_feature=true): the engines' drafters see the "
                         "target's features only as extra keys/values",
-    r"(context\.|anchor_proj\.)?inv_rms": "the feature-scaling ablation (draft.feature_norm=channel): the engines "
-                                         "project the target's features as they are",
-    r"context\.(mlp|mlp_norm)\..+": "the context-MLP ablation (draft.context_mlp=true): the engines project the "
-                                    "target's features with one linear map and a norm",
     r"head\.w1_proj\.weight": "a factored sequential-head embedding (draft.head_embedding=target): the engines' "
                               "Markov head reads its own token-embedding table",
     r"conf_head\.w1\.weight": "a confidence head with its own token embedding (there is no sequential head to "

@@ -102,3 +102,15 @@ def test_init_from_copies_matching_weights(tiny_llama, tmp_path):
     (tmp_path / "model.safetensors").unlink()
     assert torch.equal(load_drafter(tmp_path / "spark", t).block_logits(batch)["logits"],
                        spark.block_logits(batch)["logits"])
+
+
+def test_removed_options_load_at_their_no_op_value_and_are_refused_otherwise():
+    from deepspec.drafts.checkpoint import DraftCheckpointError, coerce_draft_config
+    old = {"algorithm": "dspark", "feature_norm": "none", "context_mlp": False, "init_from_target_layer": None,
+           "loss": {"ce_weight": 0.2, "soft_ce_weight": 0.0}}
+    cfg = coerce_draft_config(old)
+    assert cfg.loss.ce_weight == 0.2 and not hasattr(cfg, "context_mlp")
+    with pytest.raises(DraftCheckpointError, match=r"draft\.context_mlp=True: this option was removed"):
+        coerce_draft_config({**old, "context_mlp": True})
+    with pytest.raises(DraftCheckpointError, match=r"draft\.loss\.soft_ce_weight=0\.5"):
+        coerce_draft_config({**old, "loss": {"soft_ce_weight": 0.5}})

@@ -265,7 +265,7 @@ def test_sparse_chains_equal_dense_chains_at_their_roots(tiny_target, layout):
         assert torch.allclose(hs, want, atol=1e-5), (hs - want).abs().max()
 
 
-@pytest.mark.parametrize("key", ["anchor_feature", "context_mlp", "embed_proj"])
+@pytest.mark.parametrize("key", ["anchor_feature", "embed_proj"])
 def test_parallel_drafter_ablations_are_refused_by_name(tiny_llama, layout, key):
     with pytest.raises(ValueError, match=rf"draft.{key}=true is an ablation of the parallel drafters"):
         build_drafter(tiny_llama, DraftConfig(algorithm="eagle3", gamma=3, num_layers=1, eagle3_layout=layout,
