@@ -78,7 +78,7 @@ def measure_sizes(args) -> dict:
     from deepspec.config import load_config
     from deepspec.data.vocab import count_answer_tokens, coverage, select_top
     from deepspec.drafts import build_drafter
-    from deepspec.eval.sampling import make_warp
+    from deepspec.decoding.warp import make_warp
     from deepspec.targets import load_target
     from deepspec.train.anchors import sample_anchors
     from deepspec.train.data import CachedSequences, collate, split_heldout

@@ -1,7 +1,7 @@
 """Eval-loop latency: per-round draft / verify / overhead time next to plain decoding, same run.
 
 Each drafter (random init: timings do not depend on what it learned, except through τ) decodes
-the same prompts with the lossless loop of `deepspec.eval.speculative` and the target decodes them
+the same prompts with the lossless loop of `deepspec.decoding.chain` and the target decodes them
 alone; both go through `TargetAdapter.decode`.  Reports per round: draft ms, verify ms, overhead ms,
 and the plain-decode ms per token of the same run, and the ratios the issue sets goals for
 (verify ÷ plain step, overhead ÷ round).  Writes `bench/results/eval_latency.json`.
@@ -62,8 +62,9 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     from deepspec.config import load_config
     from deepspec.drafts.registry import build_drafter
-    from deepspec.eval.sampling import make_warp
-    from deepspec.eval.speculative import speculative_generate, target_generate
+    from deepspec.decoding.warp import make_warp
+    from deepspec.decoding.chain import speculative_generate
+    from deepspec.decoding.loop import target_generate
     from deepspec.targets import load_target
     from deepspec.targets.chat import encode_prompt
 

@@ -137,8 +137,8 @@ def greedy_paths(cfg) -> Tuple[Dict[str, Path_], Dict[str, str]]:
     import torch
     from tqdm.auto import tqdm
     from deepspec.eval.benchmarks import load_benchmarks
-    from deepspec.eval.sampling import make_warp
-    from deepspec.eval.speculative import target_generate
+    from deepspec.decoding.warp import make_warp
+    from deepspec.decoding.loop import target_generate
     from deepspec.targets import load_target
     from deepspec.targets.chat import encode_prompt
     ec = cfg.eval

@@ -194,8 +194,8 @@ def stage_profile(args) -> int:
     from torch.profiler import ProfilerActivity, profile
     from deepspec.config import load_config
     from deepspec.drafts.registry import load_drafter
-    from deepspec.eval.sampling import make_warp
-    from deepspec.eval.speculative import speculative_generate
+    from deepspec.decoding.warp import make_warp
+    from deepspec.decoding.chain import speculative_generate
     from deepspec.targets import load_target
     from deepspec.targets.chat import encode_prompt
     from deepspec.train.data import CachedSequences, build_micro_batch

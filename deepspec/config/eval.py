@@ -21,13 +21,13 @@ class EvalConfig:
     # Verify only the prefix whose cumulative confidence stays above this (None = off).
     confidence_threshold: Optional[float] = None
     # Verify a draft tree of at most this many nodes per round instead of a chain of γ drafts
-    # (greedy only, parallel drafters; `deepspec.eval.tree_decode`).  None = chains.
+    # (greedy only, parallel drafters; `deepspec.decoding.tree_loop`).  None = chains.
     tree_nodes: Optional[int] = None
     # Tree growth: nodes expanded per depth, and children per expanded node.
     tree_width: int = 4
     # Prompt lookup (trees only): each round also verifies the tokens that followed the latest earlier
     # occurrence of the context's last n tokens, n from lookup_ngram down to lookup_min_ngram, within the
-    # same node budget (`deepspec.drafts.lookup`).  0 = off.
+    # same node budget (`deepspec.decoding.lookup`).  0 = off.
     lookup_ngram: int = 0
     lookup_min_ngram: int = 1
     # The drafter's weights while decoding: null = as saved (fp32), float32 | bfloat16 | float16, or

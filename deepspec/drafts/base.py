@@ -17,7 +17,7 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional, Tuple
 
 import torch
 from safetensors.torch import save_file
@@ -35,6 +35,16 @@ class Proposal:
     tokens: torch.Tensor                      # [γ] long: drafts for positions p+1 .. p+γ
     probs: torch.Tensor                       # [γ, V] float32: the warped q each token was sampled from
     confidence: Optional[torch.Tensor] = None  # [γ] in (0, 1), or None
+
+
+class TreeExpansion(NamedTuple):
+    """What a drafter gives the tree grower (`deepspec.decoding.tree.grow_tree`): ``expand(k, tokens [R],
+    state) -> (logits [R, M], state)`` = the draft's logits at block position ``k + 1`` below R parent
+    nodes whose tokens are ``tokens`` (at k = 0 the anchor) and the per-row state their children continue
+    from; ``root_state`` the anchor's; column ``j`` of the logits is target token ``vocab[j]`` (None: ``j``)."""
+    expand: Callable[[int, torch.Tensor, Any], Tuple[torch.Tensor, Any]]
+    root_state: Any = None
+    vocab: Optional[torch.Tensor] = None
 
 
 @dataclass
@@ -90,7 +100,11 @@ def init_linear_weights(module: nn.Module, std: float = 0.02) -> None:
 
 class Drafter(nn.Module):
     """Base of all drafters. Subclasses implement `forward`, `init_state`, `propose`, `advance`."""
-    drafts_trees = False     # True where `propose_tree` is implemented (tree verification)
+    drafts_trees = False     # True where `tree_expansion` is implemented (tree verification)
+    # The lossless decoding `deepspec eval` runs when the user sets none (`deepspec.decoding.settings`):
+    # eval keys per sampling mode ("greedy", "sampled"), chosen from measurements on the tuning prompts;
+    # none = chains.
+    decoding_defaults: Mapping[str, Mapping[str, Any]] = {}
 
     def __init__(self, target, cfg: DraftConfig):
         super().__init__()
@@ -208,11 +222,11 @@ class Drafter(nn.Module):
     def advance(self, state: DraftState, tokens: torch.Tensor, features: torch.Tensor) -> DraftState:
         raise NotImplementedError
 
-    def propose_tree(self, state: DraftState, anchor: int, gamma: int, nodes: int, width: int):
-        """A `deepspec.drafts.tree.DraftTree` of at most ``nodes`` candidates below ``anchor`` (tree
-        verification, ``eval.tree_nodes``); drafters that draft chains only say so."""
+    def tree_expansion(self, state: DraftState, anchor: int, gamma: int) -> Optional[TreeExpansion]:
+        """The per-depth draft logits below ``anchor`` that draft trees grow from (tree verification,
+        ``eval.tree_nodes``; None = no draft nodes); drafters that draft chains only say so."""
         raise NotImplementedError(f"the {self.algorithm} drafter drafts chains only: tree verification "
-                                  "(eval.tree_nodes) needs a parallel drafter (dspark, dflash)")
+                                  "(eval.tree_nodes) needs a drafter that drafts trees")
 
     # -- checkpoints ----------------------------------------------------------------------------
     def checkpoint_config(self) -> Dict[str, Any]:

@@ -46,14 +46,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import DraftState, Drafter, Proposal, batch_masks, draw, init_linear_weights
+from .base import DraftState, Drafter, Proposal, TreeExpansion, batch_masks, draw, init_linear_weights
 from .context import ContextProjector, append_kv, context_kv
 from .heads import ConfidenceHead, build_sequential_head
 from .layers import KV, DraftDims, DraftLayer, RMSNorm
 from .fused_loss import fused_logit_loss
 from .losses import STAT_ROWS, metrics_from_stats, position_weights, stat_sums
 from .registry import register_drafter
-from .tree import DraftTree, grow_tree
 
 
 def _gather_pos(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
@@ -282,8 +281,8 @@ class ParallelDrafter(Drafter):
         return a, hn, self._head_logits(hn)                                             # [γ, N]
 
     @torch.no_grad()
-    def propose_tree(self, state: DraftState, anchor: int, gamma: int, nodes: int, width: int) -> DraftTree:
-        """A draft tree (`deepspec.drafts.tree`): one block pass gives every position's base logits;
+    def tree_expansion(self, state: DraftState, anchor: int, gamma: int) -> TreeExpansion:
+        """Draft trees (`deepspec.decoding.tree`): one block pass gives every position's base logits;
         the sequential head, when there is one, conditions each node's children on the node's token."""
         _, hn, base = self._block(state, anchor, gamma)
         head = self.head
@@ -297,7 +296,7 @@ class ParallelDrafter(Drafter):
             return logits, hstate
 
         root = head.init_state(1, hn) if head is not None else None
-        return grow_tree(expand, anchor, root, gamma, nodes, width, vocab=self.draft_vocab)
+        return TreeExpansion(expand, root, self.draft_vocab)
 
     @torch.no_grad()
     def propose(self, state: DraftState, anchor: int, gamma: int, warp, generator=None) -> Proposal:

@@ -4,11 +4,14 @@ Each row carries its own 63-bit seed.  The noise for (row seed, step, token) is 
 counter-based hash (splitmix64 in int64 tensor ops), turned into Gumbel noise;
 ``argmax(log p + G)`` is an exact sample from ``p``.  No generator state is shared
 between rows, so a sample's tokens do not depend on which other samples share its
-batch, on the batch order, or on the device (integer ops are exact everywhere).
+batch, on the batch order, or on the device (integer ops are exact everywhere).  The warp
+(temperature, top-k, top-p, min-p) is the speculative loops' own (`deepspec.decoding.warp`).
 """
 from __future__ import annotations
 
 import torch
+
+from ..decoding.warp import warp_logits
 
 _M64 = (1 << 64) - 1
 
@@ -48,29 +51,6 @@ def uniform_noise(seeds: torch.Tensor, step: int, vocab: int) -> torch.Tensor:
 def gumbel_noise(seeds: torch.Tensor, step: int, vocab: int) -> torch.Tensor:
     u = uniform_noise(seeds, step, vocab)
     return -torch.log(-torch.log(u))
-
-
-def warp_logits(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0,
-                min_p: float = 0.0) -> torch.Tensor:
-    """Log-probabilities [B, V] (fp32) after temperature, top-k, top-p and min-p; -inf = removed."""
-    x = logits.float() / max(temperature, 1e-6)
-    neg = torch.finfo(x.dtype).min
-    if top_k and top_k < x.shape[-1]:
-        kth = torch.topk(x, top_k, dim=-1).values[..., -1:]
-        x = x.masked_fill(x < kth, neg)
-    if top_p < 1.0:
-        sorted_x, idx = torch.sort(x, dim=-1, descending=True)
-        probs = torch.softmax(sorted_x, dim=-1)
-        # remove a token when the mass strictly before it already reaches top_p
-        before = torch.cumsum(probs, dim=-1) - probs
-        remove = before >= top_p
-        remove[..., 0] = False
-        x = x.masked_fill(torch.zeros_like(remove).scatter(-1, idx, remove), neg)
-    if min_p > 0:
-        probs = torch.softmax(x, dim=-1)
-        x = x.masked_fill(probs < min_p * probs.max(dim=-1, keepdim=True).values, neg)
-    logp = torch.log_softmax(x, dim=-1)
-    return logp.masked_fill(x <= neg, float("-inf"))
 
 
 def sample_tokens(logits: torch.Tensor, seeds: torch.Tensor, step: int, temperature: float, top_k: int = 0,

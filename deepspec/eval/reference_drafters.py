@@ -14,7 +14,7 @@
   what a draft adds to the lookup.
 
 They implement only the decoding API of the contract (``init_state / propose / advance``, and
-``propose_tree`` for `NoDraft`); they have no trainable weights.
+``tree_expansion`` for `NoDraft`); they have no trainable weights.
 """
 from __future__ import annotations
 
@@ -28,7 +28,6 @@ from deepspec.config.draft import DraftConfig
 from deepspec.drafts.base import Drafter, Proposal
 from deepspec.drafts.checkpoint import coerce_draft_config
 from deepspec.drafts.registry import register_drafter
-from deepspec.drafts.tree import DraftTree
 
 __all__ = ["TargetAsDraft", "FixedDistributionDraft", "NoDraft", "Proposal"]
 
@@ -170,9 +169,8 @@ class NoDraft(_ReferenceDrafter):
         return Proposal(tokens=torch.zeros(0, dtype=torch.long, device=dev),
                         probs=torch.zeros(0, self.vocab_size, device=dev), confidence=None)
 
-    def propose_tree(self, state, anchor: int, gamma: int, nodes: int, width: int) -> DraftTree:
-        empty = torch.zeros(0, dtype=torch.long)
-        return DraftTree(tokens=empty, parents=empty, depths=empty, scores=torch.zeros(0))
+    def tree_expansion(self, state, anchor: int, gamma: int):
+        return None
 
     def advance(self, state, tokens, features=None):
         return None

@@ -3,7 +3,7 @@
     deepspec eval target.path=... eval.checkpoint=runs/x/checkpoints/step_1000 eval.max_samples=20
 
 For every benchmark prompt (every turn of mt-bench, with the generated history) the
-drafter and the target run the lossless loop of `deepspec.eval.speculative`, and the
+drafter and the target run the lossless loops of `deepspec.decoding`, and the
 target alone decodes the same prompt for the tokens/s baseline.  Outputs go to
 `deepspec.paths.eval_dir(cfg)`:
 
@@ -32,6 +32,12 @@ from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
 from ..config import save_config
+from ..decoding.chain import speculative_generate
+from ..decoding.loop import GenerationResult, RoundStats, target_generate
+from ..decoding.policy import build_policy
+from ..decoding.settings import TreeSetting, tree_setting
+from ..decoding.tree_loop import tree_generate
+from ..decoding.warp import Warp, make_warp
 from ..paths import eval_dir
 from ..targets import load_target
 from ..targets.chat import encode_prompt
@@ -42,10 +48,7 @@ from .latency import format_round_split, round_split
 from .metrics import (acceptance_metrics, cumulative_confidence_points, macro_average, nanmean, reliability,
                       speed_metrics, threshold_sweep)
 from .report import make_plots, write_report
-from .sampling import Warp, make_warp
-from .setup import build_policy, load_eval_drafter
-from .speculative import GenerationResult, RoundStats, speculative_generate, target_generate
-from .tree_decode import TreeSetting, tree_generate, tree_setting
+from .setup import load_eval_drafter
 
 log = logging.getLogger(__name__)
 

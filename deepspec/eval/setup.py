@@ -1,4 +1,5 @@
-"""What an eval decodes with: the drafter (loaded, in ``eval.draft_dtype``) and the verification policy."""
+"""What an eval decodes with: the drafter (loaded, in ``eval.draft_dtype``).  The verification policy is
+`deepspec.decoding.policy.build_policy`, the chain / tree setting `deepspec.decoding.settings`."""
 from __future__ import annotations
 
 import logging
@@ -8,14 +9,12 @@ import torch
 
 from ..config import ConfigError
 from ..drafts.registry import build_drafter, load_drafter
-from ..schedule.calibration import Calibration, find_calibration
-from ..schedule.prefix_scheduler import policy_from_config
 from ..targets.loader import resolve_dtype
 from . import reference_drafters  # noqa: F401  (registers the reference drafters)
 
 log = logging.getLogger(__name__)
 
-__all__ = ["build_policy", "draft_dtype", "drafter_gamma", "load_eval_drafter"]
+__all__ = ["draft_dtype", "drafter_gamma", "load_eval_drafter"]
 
 
 def drafter_gamma(drafter, default: int = 7) -> int:
@@ -62,21 +61,3 @@ def load_eval_drafter(cfg, target) -> Tuple[Any, Dict[str, Any]]:
             "source": source, "gamma": drafter_gamma(drafter, cfg.draft.gamma), "parameters": int(n_params),
             "dtype": str(next(drafter.parameters()).dtype).replace("torch.", "") if n_params else None}
     return drafter, info
-
-
-def build_policy(cfg, target=None):
-    """(policy, calibration temperatures or None) for eval.
-
-    Uses `deepspec.schedule.prefix_scheduler.policy_from_config`: fixed γ by default,
-    a threshold on the (STS-calibrated) cumulative confidence when
-    ``eval.confidence_threshold`` is set, or the prefix scheduler (``schedule.policy``)."""
-    policy = policy_from_config(cfg, target)
-    cal = getattr(policy, "calibration", None)
-    if cal is None:
-        try:
-            sc = getattr(cfg.schedule, "calibration", None)
-            cal = Calibration.load(sc) if sc else find_calibration(cfg.eval.checkpoint)
-        except FileNotFoundError:
-            cal = None
-    temps = list(cal.temperatures) if cal is not None else None
-    return policy, temps

@@ -212,7 +212,7 @@ class TargetAdapter:
                attention_mask: Optional[torch.Tensor] = None,
                position_ids: Optional[torch.Tensor] = None) -> DecodeOutput:
         """KV-cached forward over new tokens; returns logits, features and the cache.  A 4-D
-        ``attention_mask`` with its ``position_ids`` verifies a draft tree (`deepspec.targets.tree`)."""
+        ``attention_mask`` with its ``position_ids`` verifies a draft tree (`deepspec.decoding.tree_mask`)."""
         if past_key_values is None:
             past_key_values = self.new_cache()
         kw = {self._cache_kwarg: past_key_values}

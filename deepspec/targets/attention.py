@@ -14,7 +14,7 @@ mask into a dense float bias per layer.  Here instead:
                                        tensor (K/V repeated to the query heads for them); on the CPU one
                                        materialised boolean mask with GQA inside SDPA (transformers repeats
                                        K/V whenever there is a mask: twice the attention time);
-- a draft tree (`targets/tree.py`):    its 4-D ancestor mask, GQA inside SDPA (`tree_attention`).
+- a draft tree (`decoding/tree_mask.py`): its 4-D ancestor mask, GQA inside SDPA (`tree_attention`).
 
 They are registered with transformers under `IMPLEMENTATION` / `TREE_IMPLEMENTATION` together with a
 mask function that returns no mask, and switched on only for the duration of such a forward
@@ -64,7 +64,7 @@ def offset_causal_attention(module, query: torch.Tensor, key: torch.Tensor, valu
 def tree_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                    attention_mask: Optional[torch.Tensor], dropout: float = 0.0,
                    scaling: Optional[float] = None, **kwargs):
-    """A tree verification (`targets/tree.py`): the given 4-D mask, GQA inside SDPA (no K/V copies)."""
+    """A tree verification (`decoding/tree_mask.py`): the given 4-D mask, GQA inside SDPA (no K/V copies)."""
     if attention_mask is None:
         raise RuntimeError(f"{TREE_IMPLEMENTATION} needs the tree's attention mask")
     rep = query.shape[1] // key.shape[1]

@@ -72,8 +72,8 @@ class DecodeEval:
     @torch.no_grad()
     def __call__(self, drafter) -> Dict[str, float]:
         # the loop lives with the evaluator; imported here so that training without it never loads it
-        from deepspec.eval.sampling import make_warp
-        from deepspec.eval.speculative import speculative_generate
+        from deepspec.decoding.warp import make_warp
+        from deepspec.decoding.chain import speculative_generate
 
         gamma = int(getattr(drafter, "gamma", None) or drafter.cfg.gamma)
         was_training = drafter.training

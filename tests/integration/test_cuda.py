@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available()
 
 
 def _greedy():
-    from deepspec.eval.sampling import make_warp
+    from deepspec.decoding.warp import make_warp
     return make_warp(0.0)
 
 
@@ -34,7 +34,8 @@ def _cuda_target(family="llama", **kw):
 @pytest.mark.parametrize("family", ["llama", "qwen3", "gemma3"])
 def test_greedy_speculative_equals_target_decode_on_cuda(family):
     from deepspec.eval.reference_drafters import TargetAsDraft
-    from deepspec.eval.speculative import speculative_generate, target_generate
+    from deepspec.decoding.chain import speculative_generate
+    from deepspec.decoding.loop import target_generate
     from deepspec.config.draft import DraftConfig
     from deepspec.drafts import build_drafter
     t = _cuda_target(family, num_layers=2)

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from deepspec.eval.reference_drafters import FixedDistributionDraft
-from deepspec.eval.sampling import make_warp
-from deepspec.eval.speculative import speculative_generate
+from deepspec.decoding.warp import make_warp
+from deepspec.decoding.chain import speculative_generate
 from deepspec.eval.stats import chi_square_gof, total_variation
 
 V, N_TOK, GAMMA = 6, 3, 2

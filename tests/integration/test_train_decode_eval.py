@@ -11,7 +11,7 @@ from deepspec.config import load_config
 from deepspec.drafts import load_drafter
 from deepspec.eval.runner import evaluate
 from deepspec.eval.benchmarks import Sample
-from deepspec.eval.sampling import make_warp
+from deepspec.decoding.warp import make_warp
 from deepspec.prepare import build_cache
 from deepspec.prepare.synthetic import write_regen_jsonl
 from deepspec.targets import load_target

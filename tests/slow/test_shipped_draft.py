@@ -42,8 +42,9 @@ def test_shipped_draft_has_provenance_and_fits_the_budget(shipped):
 
 
 def test_shipped_draft_is_lossless_and_accepts(shipped):
-    from deepspec.eval.sampling import make_warp
-    from deepspec.eval.speculative import speculative_generate, target_generate
+    from deepspec.decoding.warp import make_warp
+    from deepspec.decoding.chain import speculative_generate
+    from deepspec.decoding.loop import target_generate
     from deepspec.targets import encode_prompt
     _, target, drafter = shipped
     torch.set_num_threads(2)
@@ -80,9 +81,9 @@ PROMPTS = ["What is 15 times 4? Explain step by step.", "Write a short Python fu
 
 def _tree_tau(target, drafter, width, lookup=None):
     """τ of tree decoding (16 nodes) over PROMPTS, after checking each output equals plain greedy decoding."""
-    from deepspec.eval.sampling import make_warp
-    from deepspec.eval.speculative import target_generate
-    from deepspec.eval.tree_decode import tree_generate
+    from deepspec.decoding.warp import make_warp
+    from deepspec.decoding.loop import target_generate
+    from deepspec.decoding.tree_loop import tree_generate
     from deepspec.targets import encode_prompt
     torch.set_num_threads(2)
     greedy = make_warp(0.0)

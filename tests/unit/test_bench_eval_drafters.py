@@ -10,7 +10,7 @@ import torch
 
 from deepspec.eval.bootstrap import bootstrap_intervals, request_totals
 from deepspec.eval.runner import RequestRecord
-from deepspec.eval.speculative import GenerationResult, RoundStats
+from deepspec.decoding.loop import GenerationResult, RoundStats
 from deepspec.train.checkpoint import run_config_path
 
 

@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from deepspec.drafts.lookup import NgramIndex, graft
-from deepspec.drafts.tree import DraftTree
+from deepspec.decoding.lookup import NgramIndex, graft
+from deepspec.decoding.tree import DraftTree
 
 
 def _brute(tokens, length, max_n, min_n):

@@ -8,8 +8,9 @@ from deepspec.data.vocab import (VocabError, count_answer_tokens, coverage, cove
                                  select_top)
 from deepspec.drafts import build_drafter
 from deepspec.drafts.checkpoint import read_checkpoint_config  # noqa: F401  (checkpoint module exists)
-from deepspec.eval.sampling import make_warp
-from deepspec.eval.speculative import speculative_generate, target_generate
+from deepspec.decoding.warp import make_warp
+from deepspec.decoding.chain import speculative_generate
+from deepspec.decoding.loop import target_generate
 
 G = 3
 ALGOS = {"dspark": dict(algorithm="dspark", head_rank=8), "dspark_rnn": dict(algorithm="dspark", head_rank=8,

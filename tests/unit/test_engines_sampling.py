@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from deepspec.engines.base import Completion, GenerationError, SamplingParams, sample_seed
-from deepspec.engines.sampling import sample_tokens, splitmix64, uniform_noise, warp_logits
+from deepspec.decoding.warp import warp_logits
+from deepspec.engines.sampling import sample_tokens, splitmix64, uniform_noise
 
 
 def test_splitmix64_reference_value():

@@ -9,7 +9,7 @@ from deepspec.eval.bootstrap import (RequestTotals, benchmark_interval, bootstra
 from deepspec.eval.metrics import acceptance_metrics
 from deepspec.eval.report import write_report
 from deepspec.eval.runner import RequestRecord, summarize
-from deepspec.eval.speculative import GenerationResult, RoundStats
+from deepspec.decoding.loop import GenerationResult, RoundStats
 
 
 def _result(accepted, tokens=None, seconds=1.0):

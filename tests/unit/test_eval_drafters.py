@@ -5,8 +5,9 @@ import torch
 
 from conftest import make_tiny_target
 from deepspec.config.draft import DraftConfig
-from deepspec.eval.sampling import make_warp
-from deepspec.eval.speculative import speculative_generate, target_generate
+from deepspec.decoding.warp import make_warp
+from deepspec.decoding.chain import speculative_generate
+from deepspec.decoding.loop import target_generate
 
 registry = pytest.importorskip("deepspec.drafts.registry")
 GAMMA = 3

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from deepspec.eval.sampling import make_warp, sample_token
+from deepspec.decoding.warp import make_warp, sample_token
 
 
 def test_greedy_is_one_hot_argmax_first_on_ties():

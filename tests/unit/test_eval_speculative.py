@@ -5,8 +5,9 @@ import torch
 
 from conftest import make_tiny_target
 from deepspec.eval.reference_drafters import FixedDistributionDraft, TargetAsDraft
-from deepspec.eval.sampling import make_warp
-from deepspec.eval.speculative import speculative_generate, target_generate
+from deepspec.decoding.warp import make_warp
+from deepspec.decoding.chain import speculative_generate
+from deepspec.decoding.loop import target_generate
 from deepspec.targets.chat import encode_prompt
 
 GREEDY = make_warp(0.0)

@@ -6,13 +6,15 @@ import torch
 from conftest import make_tiny_target
 from deepspec.config.draft import DraftConfig
 from deepspec.drafts import build_drafter
-from deepspec.drafts.base import DraftState
-from deepspec.drafts.tree import DraftTree, grow_tree
-from deepspec.eval.sampling import make_warp
-from deepspec.eval.speculative import speculative_generate, target_generate
-from deepspec.eval.tree_decode import accept_tree_greedy, tree_generate
+from deepspec.drafts.base import DraftState, TreeExpansion
+from deepspec.decoding.tree import DraftTree, grow_tree
+from deepspec.decoding.warp import make_warp
+from deepspec.decoding.chain import speculative_generate
+from deepspec.decoding.loop import target_generate
+from deepspec.decoding.tree_accept import accept_tree_greedy
+from deepspec.decoding.tree_loop import tree_generate
 from deepspec.targets.chat import encode_prompt
-from deepspec.targets.tree import ancestor_mask, tree_inputs
+from deepspec.decoding.tree_mask import ancestor_mask, tree_inputs
 
 GREEDY = make_warp(0.0)
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -178,11 +180,12 @@ def test_accept_tree_greedy():
 
 
 class OracleTree:
-    """A test drafter that knows the target's greedy output: each depth holds a wrong sibling before the
-    right token (so the accepted nodes are never contiguous rows) and the true path ends at ``cut``."""
+    """A test drafter that knows the target's greedy output: below every node on the true path it puts a
+    wrong token first and the right one second (so the accepted nodes are never contiguous rows), its other
+    rows are flat, and the true path ends at depth ``cut``.  The real `grow_tree` grows its trees."""
 
-    def __init__(self, prompt_len, truth, cut):
-        self.prompt_len, self.truth, self.cut = prompt_len, truth, cut
+    def __init__(self, prompt_len, truth, cut, vocab):
+        self.prompt_len, self.truth, self.cut, self.vocab = prompt_len, truth, cut, vocab
 
     def init_state(self, ids, features):
         return DraftState(tokens=ids.clone())
@@ -192,19 +195,19 @@ class OracleTree:
         state.tokens = torch.cat([state.tokens, tokens])
         return state
 
-    def propose_tree(self, state, anchor, gamma, nodes, width):
+    def tree_expansion(self, state, anchor, gamma):
         m = state.length - self.prompt_len          # the anchor is output token m
         assert anchor == self.truth[m]
-        true = self.truth[m + 1: m + 1 + min(gamma, self.cut)]
-        toks, pars, deps, parent = [], [], [], -1
-        for k, tok in enumerate(true):
-            toks += [(tok + 1) % 50, tok]
-            pars += [parent, parent]
-            deps += [k + 1, k + 1]
-            parent = len(toks) - 1
-        n = min(nodes, len(toks))
-        return DraftTree(torch.tensor(toks[:n], dtype=torch.long), torch.tensor(pars[:n], dtype=torch.long),
-                         torch.tensor(deps[:n], dtype=torch.long), torch.zeros(n))
+
+        def expand(k, tokens, on):
+            on = on & (tokens == self.truth[m + k])             # this row is the true path's depth-k node
+            logits = torch.full((tokens.shape[0], self.vocab), -20.0)
+            if k < self.cut:
+                right = self.truth[m + k + 1]
+                logits[on, (right + 1) % 50] = 0.0
+                logits[on, right] = -0.1
+            return logits, on
+        return TreeExpansion(expand, torch.ones(1, dtype=torch.bool))
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
@@ -213,7 +216,7 @@ def test_tree_loop_is_lossless_with_accepted_paths(family, cut, nodes):
     t = make_tiny_target(family, num_layers=2)
     prompt = encode_prompt(t.tokenizer, [{"role": "user", "content": "What is 12 times 7?"}])
     base = target_generate(t, prompt, max_new_tokens=25, warp=GREEDY, eos_token_ids=[]).tokens
-    d = OracleTree(len(prompt), base + [0] * 10, cut)
+    d = OracleTree(len(prompt), base + [0] * 10, cut, t.vocab_size)
     out = tree_generate(t, d, prompt, gamma=4, nodes=nodes, width=2, max_new_tokens=25, warp=GREEDY, eos_token_ids=[])
     assert out.tokens == base
     assert 1 + sum(r.emitted for r in out.rounds) == 25
@@ -239,11 +242,8 @@ def test_tree_loop_is_lossless_with_a_parallel_drafter(tiny_qwen3, algo):
         assert [r.accepted for r in one.rounds] == [r.accepted for r in chain.rounds]
 
 
-def test_tree_refuses_sampling_sliding_windows_and_chain_only_drafters(tiny_llama):
+def test_tree_refuses_sliding_windows_and_chain_only_drafters(tiny_llama):
     t = tiny_llama
-    d = build_drafter(t, DraftConfig(algorithm="dspark", gamma=3, num_layers=1, head_rank=8)).eval()
-    with pytest.raises(ValueError, match="greedy decoding only"):
-        tree_generate(t, d, [5, 6, 7], gamma=3, nodes=4, width=2, max_new_tokens=4, warp=make_warp(1.0))
     g3 = make_tiny_target("gemma3", num_layers=2)
     with pytest.raises(ValueError, match="sliding-window"):
         tree_generate(g3, build_drafter(g3, DraftConfig(algorithm="dflash", gamma=3, num_layers=1)).eval(),
@@ -261,14 +261,14 @@ def test_tree_loop_with_prompt_lookup_is_lossless_and_accepts_copied_tokens(fami
     t = make_tiny_target(family, num_layers=2)
     prompt = encode_prompt(t.tokenizer, [{"role": "user", "content": "What is 12 times 7?"}])
     base = target_generate(t, prompt, max_new_tokens=40, warp=GREEDY, eos_token_ids=[]).tokens
-    d = OracleTree(len(prompt), base + [0] * 10, cut=0)          # proposes nothing the target wants
+    d = OracleTree(len(prompt), base + [0] * 10, 0, t.vocab_size)          # proposes nothing the target wants
     out = tree_generate(t, d, prompt, gamma=4, nodes=6, width=2, max_new_tokens=40, warp=GREEDY,
                         eos_token_ids=[], lookup=(3, 1))
     assert out.tokens == base
     assert all(r.proposed <= 6 for r in out.rounds)
     assert sum(r.lookup_accepted for r in out.rounds) == sum(r.accepted for r in out.rounds) > 0
     # with the drafter's own right answers the lookup only adds candidates: still lossless
-    d = OracleTree(len(prompt), base + [0] * 10, cut=2)
+    d = OracleTree(len(prompt), base + [0] * 10, 2, t.vocab_size)
     out = tree_generate(t, d, prompt, gamma=4, nodes=8, width=2, max_new_tokens=40, warp=GREEDY,
                         eos_token_ids=[], lookup=(3, 1))
     assert out.tokens == base and all(r.proposed <= 8 for r in out.rounds)
@@ -276,8 +276,8 @@ def test_tree_loop_with_prompt_lookup_is_lossless_and_accepts_copied_tokens(fami
 
 def test_prompt_lookup_settings_are_checked(tiny_llama, tmp_path):
     from deepspec.config import ConfigError, load_config
-    from deepspec.eval.tree_decode import tree_setting
-    from deepspec.eval.speculative import FixedLengthPolicy
+    from deepspec.decoding.settings import tree_setting
+    from deepspec.decoding.policy import FixedLengthPolicy
     d = build_drafter(tiny_llama, DraftConfig(algorithm="dflash", gamma=3, num_layers=1)).eval()
 
     def setting(*ov):

@@ -301,7 +301,7 @@ def test_reduced_vocabulary_round_trip(target, pruned, fmt):
         ref = engine_chain(out, fmt, feats, tok, r, steps, table)   # [steps, V], −inf outside the draft vocabulary
         assert torch.isinf(ref[:, ~w["t2d"]]).all()
         torch.testing.assert_close(ref[:, ids], ours[:steps, r], atol=1e-5, rtol=1e-5)
-    from deepspec.eval.sampling import make_warp
+    from deepspec.decoding.warp import make_warp
     ids6, feats6 = batch["input_ids"][0], batch["features"][0]
     for temperature in (0.0, 1.0):
         g1, g2 = torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)

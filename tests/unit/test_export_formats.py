@@ -236,7 +236,7 @@ def _pruned(target, algorithm, seed=0, **kw):
 
 
 def _same_proposals(a, b, target, temperature):
-    from deepspec.eval.sampling import make_warp
+    from deepspec.decoding.warp import make_warp
     batch = probe_batch(target, a.cfg.gamma, seed=5)
     ids, feats = batch["input_ids"][0], batch["features"][0]
     warp = make_warp(temperature)

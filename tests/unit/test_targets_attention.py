@@ -6,8 +6,9 @@ import torch
 
 from conftest import make_tiny_target
 from deepspec.eval.reference_drafters import TargetAsDraft
-from deepspec.eval.sampling import make_warp
-from deepspec.eval.speculative import speculative_generate, target_generate
+from deepspec.decoding.warp import make_warp
+from deepspec.decoding.chain import speculative_generate
+from deepspec.decoding.loop import target_generate
 
 
 def _decode_chain(t, ids, fast):
@@ -53,7 +54,7 @@ def test_auto_is_on_where_supported_and_greedy_loop_is_lossless(one_thread):
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 def test_tree_attention_matches_stock_sdpa(family, one_thread):
     """A draft tree's forward through `tree_attention` (GQA inside SDPA) against the stock sdpa path."""
-    from deepspec.targets.tree import tree_inputs
+    from deepspec.decoding.tree_mask import tree_inputs
     t = make_tiny_target(family)
     ids = torch.randint(10, t.vocab_size, (1, 18), generator=torch.Generator().manual_seed(1))
     parents, depths = torch.tensor([-1, -1, 0, 1, 3, 3]), torch.tensor([1, 1, 2, 2, 3, 3])

@@ -5,7 +5,7 @@ KV cache and to its own ancestors in the tree (itself included), and sits at pos
 ``cache length + depth`` — so every root-to-node path sees exactly what a chain forward over that path
 would see, and its logits are that chain's logits (up to the rounding of a different kernel shape).
 transformers takes such a 4-D (additive) mask as it is; `TargetAdapter.decode` runs it through
-`attention.tree_attention` (GQA inside SDPA) where the model allows, else through the stock attention.
+`deepspec.targets.attention.tree_attention` (GQA inside SDPA) where the model allows, else through the stock attention.
 Sliding-window layers would need the window inside the mask, so those targets are refused.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Tuple
 
 import torch
 
-from .attention import full_attention
+from ..targets.attention import full_attention
 
 __all__ = ["check_tree_target", "ancestor_mask", "tree_inputs"]
 

@@ -1,43 +1,25 @@
-"""Batch-size-1 lossless speculative decoding with the target's KV cache.
+"""What every speculative loop shares, and plain decoding.
 
-The loop never names an algorithm: it talks to the drafter only through the
-decoding API of the contract (``init_state / propose / advance``)::
+`DecodeLoop` holds the state the chain loop (`deepspec.decoding.chain`) and the tree loop
+(`deepspec.decoding.tree_loop`) share: the prefill (the prompt's forward, the drafter's state, the first
+token), the emitted tokens, each round's `RoundStats` and its timing marks, the finish.  A sequence ends
+at the first EOS among the emitted tokens (tokens after it in the same round are dropped) or when
+``max_new_tokens`` tokens exist.
 
-    prefill   target.decode(prompt)            -> cache, features of every prompt token
-              state = drafter.init_state(prompt, features)
-              x_0 ~ warp(p(· | prompt))        (the "prefill token", the first anchor)
-    round     proposal = drafter.propose(state, anchor, γ, warp, generator)
-              ℓ = policy(confidences) ≤ γ      (fixed γ by default)
-              target.decode([anchor, d_1..d_ℓ], cache)          ONE forward
-              accept / reject (acceptance.verify)  -> n accepted, next token
-              target.rollback(cache, len + 1 + n)
-              drafter.advance(state, [anchor, d_1..d_n], their verify features)
-              anchor = next token (correction or bonus)
-
-Each round emits ``n + 1`` tokens.  A sequence ends at the first EOS among the
-emitted tokens (tokens after it in the same block are dropped) or when
-``max_new_tokens`` tokens exist; the verification length is capped so that a
-round never produces more tokens than are still allowed.
-
-`target_generate` is the plain target-only decode (same warp, KV cache, one token
-per forward): the baseline for tokens/s and the reference for greedy equality.
+`target_generate` is the plain target-only decode (same warp, KV cache, one token per forward): the
+baseline for tokens/s and the reference for greedy equality.
 """
 from __future__ import annotations
 
-import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable, List, Optional, Sequence
+from typing import Iterable, List, Optional, Sequence
 
 import torch
 
-from .acceptance import accept_greedy, verify_sampling
-from .sampling import Warp, greedy_ids, sample_token
+from .warp import Warp, greedy_ids, sample_token
 
-log = logging.getLogger(__name__)
-
-__all__ = ["RoundStats", "GenerationResult", "DecodeLoop", "speculative_generate", "target_generate",
-           "FixedLengthPolicy"]
+__all__ = ["RoundStats", "GenerationResult", "DecodeLoop", "target_generate"]
 
 
 @dataclass
@@ -99,18 +81,6 @@ class GenerationResult:
         return sum(r.tau for r in self.rounds) / len(self.rounds) if self.rounds else float("nan")
 
 
-class FixedLengthPolicy:
-    """Verify every drafted token (ℓ = γ); the default policy."""
-    name = "fixed"
-
-    def lengths(self, confidences) -> List[int]:
-        if confidences is None:
-            raise ValueError("FixedLengthPolicy.lengths needs the [R, γ] shape; the loop passes γ itself")
-        c = torch.as_tensor(confidences)
-        c = c[None] if c.dim() == 1 else c
-        return [int(c.shape[-1])] * int(c.shape[0])
-
-
 class _Marks:
     """Phase marks of the loop: CUDA events on a GPU (recorded on the stream, read once the generation
     is over: no host synchronisation inside a round), ``perf_counter`` on the CPU."""
@@ -164,31 +134,6 @@ def _append(out: List[int], new: Sequence[int], eos: frozenset, max_new_tokens: 
         if len(out) >= max_new_tokens:
             return "max_new_tokens"
     return None
-
-
-def _conf_list(conf) -> Optional[List[float]]:
-    if conf is None:
-        return None
-    return [float(x) for x in torch.as_tensor(conf).reshape(-1).float().tolist()]
-
-
-_warned_no_conf = False
-
-
-def _verify_length(policy, conf: Optional[List[float]], drafted: int) -> int:
-    global _warned_no_conf
-    if policy is None or drafted == 0 or isinstance(policy, FixedLengthPolicy):
-        return drafted
-    if conf is None and getattr(policy, "name", "") == "fixed":
-        return drafted
-    if conf is None:
-        if not _warned_no_conf:
-            log.warning("verification policy %s needs confidences but the drafter gives none: "
-                        "verifying the whole draft", getattr(policy, "name", type(policy).__name__))
-            _warned_no_conf = True
-        return drafted
-    ell = policy.lengths(torch.tensor([conf[:drafted]], dtype=torch.float32))
-    return max(0, min(int(ell[0]), drafted))
 
 
 class DecodeLoop:
@@ -248,63 +193,6 @@ class DecodeLoop:
         r.t_prefill = self.marks.seconds(self.m_start, self.m_prefill)
         r.t_total = self.marks.seconds(self.m_start, m_end) if self.marks.cuda else time.perf_counter() - self.wall0
         return r
-
-
-@torch.inference_mode()
-def speculative_generate(target, drafter, prompt_ids, *, gamma: int, max_new_tokens: int, warp: Warp,
-                         generator: Optional[torch.Generator] = None,
-                         eos_token_ids: Optional[Iterable[int]] = None, policy: Any = None,
-                         on_round=None) -> GenerationResult:
-    """Lossless speculative decoding of one prompt (batch size 1).
-
-    ``policy``: an object with ``lengths(confidences[R, γ]) -> list[int]`` choosing how many
-    draft tokens to verify (None = all).  ``on_round(round_index, RoundStats)`` is called
-    after each round (rollout logging)."""
-    if gamma < 1:
-        raise ValueError(f"gamma must be >= 1, got {gamma}")
-    loop = DecodeLoop(target, drafter, prompt_ids, warp, generator, eos_token_ids, max_new_tokens, on_round)
-    device, marks, state = loop.device, loop.marks, loop.state
-    while loop.stop is None:
-        anchor = loop.anchor
-        m0 = marks.mark()
-        prop = drafter.propose(state, anchor, gamma, warp, generator)
-        m1 = marks.mark()
-        draft_t = torch.as_tensor(prop.tokens).reshape(-1)[:gamma].to(device=device, dtype=torch.long)
-        drafted = int(draft_t.numel())
-        conf_t = getattr(prop, "confidence", None)
-        need_conf = policy is not None and not isinstance(policy, FixedLengthPolicy) and drafted > 0
-        conf = _conf_list(conf_t) if need_conf else None
-        # never verify more than the token budget can still use (the round emits ℓ + 1 tokens)
-        ell = max(min(_verify_length(policy, conf, drafted), loop.room), 0)
-        # the anchor as a non-blocking host → device copy: no wait for the draft pass still queued on a GPU
-        verify_ids = torch.cat([torch.tensor([anchor], dtype=torch.long).to(device, non_blocking=True),
-                                draft_t[:ell]])
-        m2 = marks.mark()
-        vout = target.decode(verify_ids[None], loop.cache)
-        loop.cache = vout.past_key_values
-        m3 = marks.mark()
-        if warp.greedy:
-            # one device -> host transfer per round: the drafts and the target's argmax at ℓ + 1 rows
-            best = greedy_ids(vout.logits[0, : ell + 1])
-            host = torch.cat([draft_t, best]).tolist()
-            draft, res = host[:drafted], accept_greedy(host[:ell], host[drafted:])
-        else:
-            draft = draft_t.tolist()
-            res = verify_sampling(draft[:ell], prop.probs[:ell] if ell else None, warp(vout.logits[0]), generator)
-        if conf is None and conf_t is not None:
-            conf = _conf_list(conf_t)
-        n = res.accepted
-        target.rollback(loop.cache, loop.cache_len + 1 + n)
-        loop.cache_len += 1 + n
-        emitted = loop.emit(res.tokens)
-        m4 = marks.mark()
-        if loop.stop is None:
-            drafter.advance(state, verify_ids[: n + 1], vout.features[0, : n + 1])
-        m5 = marks.mark()
-        loop.record(RoundStats(drafted=drafted, proposed=ell, accepted=n, emitted=emitted,
-                               draft_tokens=draft, confidence=conf), (m0, m1, m2, m3, m4, m5))
-        loop.anchor = res.next_token
-    return loop.finish()
 
 
 def _set_times(rs: RoundStats, marks: _Marks, m) -> None:

@@ -21,7 +21,7 @@ from typing import List, Optional
 
 import torch
 
-from .sampling import greedy_ids
+from .warp import greedy_ids
 
 __all__ = ["Verification", "accept_greedy", "verify_greedy", "verify_sampling", "verify", "residual_distribution"]
 

@@ -1,4 +1,4 @@
-"""Prompt lookup: draft tokens copied from the context, grafted onto a draft tree.
+"""Prompt lookup: draft tokens copied from the context, grafted onto a draft tree (no draft model).
 
 Generated text often repeats its context: code restates the signature it was given, a math answer
 restates the problem, a chat answer quotes the question.  `NgramIndex` finds the most recent earlier
@@ -11,6 +11,7 @@ other node, so the output stays the target's: the lookup only changes which cand
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Dict, List, Sequence, Tuple
 
 import torch
@@ -56,9 +57,11 @@ class NgramIndex:
 def graft(tree: DraftTree, chain: Sequence[int]) -> Tuple[DraftTree, int]:
     """(the tree with ``chain`` as a path below the anchor, how many nodes were added).  The chain
     follows existing nodes while their tokens match and continues as new nodes appended after all
-    others (a parent still comes before its children).  New nodes score −inf: they are not the draft's."""
+    others (a parent still comes before its children).  New nodes score −inf: they are not the draft's.
+    A sampled tree also gets each chain token as a deterministic candidate of its parent, tested before
+    the drafter's draws there (`deepspec.decoding.tree_accept`)."""
     toks, pars, deps = tree.tokens.tolist(), tree.parents.tolist(), tree.depths.tolist()
-    cur, added = -1, 0
+    cur, added, path = -1, 0, []
     for t in chain:
         nxt = next((i for i, (tk, p) in enumerate(zip(toks, pars)) if p == cur and tk == int(t)), None)
         if nxt is None:
@@ -67,9 +70,17 @@ def graft(tree: DraftTree, chain: Sequence[int]) -> Tuple[DraftTree, int]:
             deps.append(1 if cur < 0 else deps[cur] + 1)
             nxt = len(toks) - 1
             added += 1
+        path.append((int(t), cur, nxt))
         cur = nxt
+    cands = tree.candidates
+    if cands is not None and path:
+        t, p, n = (torch.tensor(x, dtype=torch.long) for x in zip(*path))
+        none = torch.full_like(t, -1)
+        cands = replace(cands, tokens=torch.cat([t, cands.tokens]), parents=torch.cat([p, cands.parents]),
+                        nodes=torch.cat([n, cands.nodes]), dist_rows=torch.cat([none, cands.dist_rows]),
+                        draft_ids=torch.cat([none, cands.draft_ids]))
     if not added:
-        return tree, 0
+        return replace(tree, candidates=cands), 0
     scores = torch.cat([tree.scores, torch.full((added,), float("-inf"), dtype=tree.scores.dtype)])
     return DraftTree(tokens=torch.tensor(toks, dtype=torch.long), parents=torch.tensor(pars, dtype=torch.long),
-                     depths=torch.tensor(deps, dtype=torch.long), scores=scores), added
+                     depths=torch.tensor(deps, dtype=torch.long), scores=scores, candidates=cands), added
