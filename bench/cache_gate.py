@@ -80,7 +80,7 @@ def main() -> int:
         "train.save_every=0", "train.eval_every=0", f"train.heldout_fraction={args.heldout}", "train.bf16=false",
         f"train.max_length={args.max_length}", f"eval.data_dir={args.eval_data}",
         f"eval.benchmarks=[{args.benchmarks}]", f"eval.max_samples={args.prompts}",
-        f"eval.max_new_tokens={args.max_new_tokens}", "eval.temperature=0", "eval.progress=false",
+        f"eval.max_new_tokens={args.max_new_tokens}", "eval.temperature=0", "eval.decoding=chain", "eval.progress=false",
         "eval.measure_baseline=false"]
     cfg = load_config(overrides)
     rep = run(cfg, codecs=[c for c in args.codecs.split(",") if c], regen_path=regen, out_dir=work / "gate")

@@ -127,7 +127,8 @@ def eval_config(run_yaml: Path, checkpoint: Path, out_dir: Path, overrides: Sequ
     from omegaconf import OmegaConf
     from deepspec.config import config_from_yaml, to_object
     cfg = config_from_yaml(run_yaml)
-    dots = [f"eval.checkpoint={checkpoint}", f"eval.out_dir={out_dir}", "eval.progress=false", *overrides]
+    dots = [f"eval.checkpoint={checkpoint}", f"eval.out_dir={out_dir}", "eval.progress=false", "eval.decoding=chain",
+            *overrides]
     return to_object(OmegaConf.merge(OmegaConf.structured(cfg), OmegaConf.from_dotlist(dots)))
 
 

@@ -49,7 +49,7 @@ def shared_overrides(args) -> list:
             f"engine.max_new_tokens={args.max_new_tokens}", f"engine.max_turns={getattr(args, 'max_turns', 1)}",
             "engine.temperature=0.7",
             "data.max_length=512", "train=cpu", f"train.max_steps={args.steps}",
-            f"train.anchors_per_sequence={args.anchors}", "eval.temperature=0",
+            f"train.anchors_per_sequence={args.anchors}", "eval.temperature=0", "eval.decoding=chain",
             f"eval.max_samples={args.eval_samples}", f"eval.max_new_tokens={args.eval_new_tokens}",
             f"eval.benchmarks=[{','.join(DOMAIN_BENCHES)}]",
             "eval.data_dir=" + str(REPO.parent / "shared" / "eval_datasets"), *args.extra]

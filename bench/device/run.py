@@ -86,7 +86,7 @@ def eval_overrides(sc, work: Path, name: str, ckpt: Optional[str], eval_dir: Pat
     out = [*DRAFTERS[name], f"run_dir={work / 'runs' / name}", f"eval.out_dir={work / 'eval' / name}",
            f"eval.data_dir={eval_dir}", f"eval.benchmarks=[{','.join(benches)}]",
            f"eval.max_samples={sc['eval_samples']}", f"eval.max_new_tokens={sc['eval_new_tokens']}",
-           "eval.temperature=0", "eval.progress=false", "eval.rerun=true"]
+           "eval.temperature=0", "eval.decoding=chain", "eval.progress=false", "eval.rerun=true"]
     if name != "eagle3":
         out.append(f"draft.num_layers={sc['layers']}")
     return out + ([f"eval.checkpoint={ckpt}"] if ckpt else [])

@@ -17,19 +17,25 @@ class EvalConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    # Drop tokens below min_p × the most likely token's probability (after top-k/top-p); 0 = off.
+    min_p: float = 0.0
     gamma: Optional[int] = None
     # Verify only the prefix whose cumulative confidence stays above this (None = off).
     confidence_threshold: Optional[float] = None
+    # auto | chain | tree.  auto: what is set below, else the loaded drafter's documented best lossless
+    # setting for greedy / sampled decoding (`deepspec.decoding.settings`); chain: verify γ drafts per round;
+    # tree: draft trees (the drafter's default fills the tree keys left unset).
+    decoding: str = "auto"
     # Verify a draft tree of at most this many nodes per round instead of a chain of γ drafts
-    # (greedy only, parallel drafters; `deepspec.decoding.tree_loop`).  None = chains.
+    # (`deepspec.decoding.tree_loop`, greedy or sampled).  None = the drafter's default (auto) or chains.
     tree_nodes: Optional[int] = None
-    # Tree growth: nodes expanded per depth, and children per expanded node.
-    tree_width: int = 4
+    # Tree growth: nodes expanded per depth, and children per expanded node.  None = the default (4).
+    tree_width: Optional[int] = None
     # Prompt lookup (trees only): each round also verifies the tokens that followed the latest earlier
     # occurrence of the context's last n tokens, n from lookup_ngram down to lookup_min_ngram, within the
-    # same node budget (`deepspec.decoding.lookup`).  0 = off.
-    lookup_ngram: int = 0
-    lookup_min_ngram: int = 1
+    # same node budget (`deepspec.decoding.lookup`).  0 = off; None = the drafter's default (else 0 / 1).
+    lookup_ngram: Optional[int] = None
+    lookup_min_ngram: Optional[int] = None
     # The drafter's weights while decoding: null = as saved (fp32), float32 | bfloat16 | float16, or
     # "target" = the target's dtype.  The verification stays the target's, so any dtype is lossless.
     draft_dtype: Optional[str] = None

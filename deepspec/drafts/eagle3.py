@@ -54,7 +54,7 @@ from typing import Dict, List, Optional
 import torch
 from torch import nn
 
-from .base import DraftState, Drafter, Proposal, batch_masks, draw, init_linear_weights
+from .base import DraftState, Drafter, Proposal, TreeExpansion, batch_masks, draw, init_linear_weights
 from .context import append_kv, as_input
 from .layers import KV, DraftDims, DraftLayer, RMSNorm
 from .fused_loss import fused_logit_loss
@@ -97,6 +97,11 @@ def check_engine_layout(cfg, target) -> None:
 
 @register_drafter("eagle3")
 class Eagle3Drafter(Drafter):
+    drafts_trees = True
+    # `deepspec eval`'s default decoding (eval.decoding=auto): the parallel drafters' measured setting (a
+    # 16-node tree of width 8, prompt lookup n ≤ 3) until a trained Eagle3 is measured on the tuning prompts.
+    decoding_defaults = {"greedy": {"tree_nodes": 16, "tree_width": 8, "lookup_ngram": 3},
+                         "sampled": {"tree_nodes": 16, "tree_width": 8, "lookup_ngram": 3}}
     def __init__(self, target, cfg):
         super().__init__(target, cfg)
         cfg = self.cfg
@@ -295,3 +300,28 @@ class Eagle3Drafter(Drafter):
             probs.append(q)
             g = h
         return Proposal(tokens=torch.cat(toks), probs=torch.cat(probs), confidence=None)
+
+    @torch.no_grad()
+    def tree_expansion(self, state: DraftState, anchor: int, gamma: int) -> TreeExpansion:
+        """Dynamic draft trees (EAGLE-2; `deepspec.decoding.tree`) with tree attention over the draft's own
+        KV cache.  Depth k runs the frontier's R rows as one step at position L−1+k: row r reads its own
+        token and its parent's output h (the step's g), and attends to the cache, to the tree entries of its
+        ancestors and to itself — what the chain step along its path would see.  A row's state is (h, its
+        ancestor set over the tree entries made so far); the entries live only for this tree."""
+        L, dev = state.length, self.device
+        cache, P = list(state.cache["kv"]), state.length - 1
+        tree_kv: List[KV] = []
+
+        def expand(k, tokens, rstate):
+            g, anc = rstate                                                     # [R, D], [R, M] bool
+            R, M = tokens.shape[0], anc.shape[1]
+            prefix = append_kv(cache, tree_kv) if tree_kv else cache
+            eye = torch.eye(R, dtype=torch.bool, device=dev)
+            mask = torch.cat([torch.ones(R, P, dtype=torch.bool, device=dev), anc, eye], 1).view(1, 1, R, P + M + R)
+            pos = torch.full((1, R), L - 1 + k, device=dev)
+            h, new = self._step(tokens.to(dev).view(1, R), g.view(1, R, -1), pos, self._prefixes(prefix), mask)
+            tree_kv[:] = append_kv(tree_kv, new)
+            return self._head_logits(h)[0], (h[0], torch.cat([anc, eye], 1))
+
+        root = (state.cache["pending"][0], torch.zeros(1, 0, dtype=torch.bool, device=dev))
+        return TreeExpansion(expand, root, self.draft_vocab)

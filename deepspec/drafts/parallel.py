@@ -69,6 +69,12 @@ def _gather_pos(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
 @register_drafter("dflash", sequential_head="none", confidence_head=False)
 class ParallelDrafter(Drafter):
     drafts_trees = True
+    # `deepspec eval`'s default decoding (eval.decoding=auto).  Greedy: the shipped DSpark on the 48 tuning
+    # prompts (bench/tune_prompts.py), bf16 target, one thread, 2026-12-05: a 16-node tree of width 8 with
+    # prompt lookup n ≤ 3 (τ 2.45, 1.64× over plain; bench/results/tree_speed-tune_lookup.md).  Sampled: the
+    # same setting until T = 1 is measured on the tuning prompts.
+    decoding_defaults = {"greedy": {"tree_nodes": 16, "tree_width": 8, "lookup_ngram": 3},
+                         "sampled": {"tree_nodes": 16, "tree_width": 8, "lookup_ngram": 3}}
 
     def __init__(self, target, cfg):
         super().__init__(target, cfg)

@@ -329,9 +329,12 @@ def run(cfg) -> Dict[str, Any]:
     drafter, dinfo = load_eval_drafter(cfg, target)
     gamma = int(ec.gamma or dinfo["gamma"])
     policy, temps = build_policy(cfg, target)
-    warp = make_warp(ec.temperature, ec.top_k, ec.top_p)
+    warp = make_warp(ec.temperature, ec.top_k, ec.top_p, ec.min_p)
     tree = tree_setting(cfg, target, drafter, policy, warp)
     policy_name = tree.describe() if tree else getattr(policy, "name", type(policy).__name__)
+    if tree is not None and tree.source != "eval config":
+        log.info("eval: %s is the %s drafter's default for %s decoding (eval.decoding=chain verifies chains)",
+                 policy_name, dinfo["algorithm"], "greedy" if warp.greedy else "sampled")
     log.info("eval: %d benchmarks, γ=%d, %s, policy=%s → %s", len(benches), gamma, warp.describe(), policy_name, out)
     rollout_path = out / ROLLOUTS_FILENAME
     with open(rollout_path, "w", encoding="utf-8") as rf:
@@ -347,7 +350,8 @@ def run(cfg) -> Dict[str, Any]:
     summary = summarize(records, gamma, temps, greedy=warp.greedy,
                         bootstrap_resamples=ec.bootstrap_resamples, bootstrap_seed=ec.seed)
     summary["setup"] = {"target": f"{target.name} ({cfg.target.path})", "drafter": f"{dinfo['algorithm']} ({dinfo['source']})",
-                        "policy": policy_name, "warp": warp.describe(),
+                        "policy": policy_name, "decoding_source": tree.source if tree else None,
+                        "warp": warp.describe(),
                         "max_new_tokens": ec.max_new_tokens, "max_samples": ec.max_samples,
                         "multi_turn": ec.multi_turn, "device": str(target.device), "dtype": str(target.dtype)}
     if hasattr(policy, "overhead_s"):

@@ -77,6 +77,8 @@ def _cfg_for(cfg, name: str, over: Dict[str, Any], label: str, out: Path, regen:
     c.data.regen_path = str(regen)
     c.data.online = False
     c.eval.out_dir = str(out / f"eval-{label}")
+    if c.eval.decoding == "auto" and c.eval.tree_nodes is None:
+        c.eval.decoding = "chain"       # the gate compares what each cache teaches the drafter: its chains
     return c
 
 

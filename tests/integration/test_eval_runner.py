@@ -24,7 +24,7 @@ def _read_jsonl(p):
 def test_eval_random_init_greedy_report(tmp_path, eval_data_dir):
     from deepspec.eval.runner import run
     torch.set_num_threads(1)
-    cfg = _cfg(tmp_path, eval_data_dir)
+    cfg = _cfg(tmp_path, eval_data_dir, "eval.decoding=chain")
     summary = run(cfg)
     out = tmp_path / "eval"
     for f in ("report.md", "results.json", "rollouts.jsonl", "samples.jsonl", "resolved_config.yaml",
@@ -157,19 +157,35 @@ def test_eval_tree_verification(tmp_path, eval_data_dir):
     from deepspec.config import ConfigError
     from deepspec.eval.runner import run
     torch.set_num_threads(1)
-    summary = run(_cfg(tmp_path, eval_data_dir, "eval.tree_nodes=6", "eval.tree_width=2"))
+    summary = run(_cfg(tmp_path, eval_data_dir, "eval.tree_nodes=6", "eval.tree_width=2", "eval.lookup_ngram=0"))
     assert summary["setup"]["policy"] == "tree(nodes=6, width=2)"
+    assert summary["setup"]["decoding_source"] == "eval config"
     assert summary["greedy_check"]["compared"] == 4 and summary["greedy_check"]["matched"] == 4
     rolls = _read_jsonl(tmp_path / "eval" / "rollouts.jsonl")
     assert rolls and all(r["proposed"] <= 6 and len(r["draft_tokens"]) == r["accepted"] for r in rolls)
     assert all(r["meta"]["tree"] == [6, 2] and r["confidence"] is None for r in rolls)
-    for i, (extra, match) in enumerate([("eval.temperature=1.0", "greedy decoding only"),
-                                        ("eval.confidence_threshold=0.5", "cannot be combined"),
+    for i, (extra, match) in enumerate([("eval.confidence_threshold=0.5", "cannot be combined"),
                                         ("eval.tree_width=0", "must be ≥ 1"),
-                                        ("draft=eagle3", "eagle3 drafter drafts chains only"),
+                                        ("eval.decoding=chain", "eval.decoding=chain verifies chains"),
+                                        ("draft.algorithm=target_as_draft", "target_as_draft drafter drafts chains only"),
                                         ("target.path=tiny:gemma3", "sliding-window")]):
         with pytest.raises(ConfigError, match=match):
             run(_cfg(tmp_path / f"bad{i}", eval_data_dir, "eval.tree_nodes=6", extra))
+
+
+@pytest.mark.parametrize("draft,temperature", [("dspark", 0), ("eagle3", 1)])
+def test_eval_defaults_to_the_drafters_best_lossless_setting(tmp_path, eval_data_dir, draft, temperature):
+    """With no decoding key set, `deepspec eval` runs the loaded drafter's documented default (the parallel
+    drafters' greedy default: a 16-node tree of width 8 with prompt lookup n ≤ 3), greedy or sampled."""
+    from deepspec.eval.runner import run
+    torch.set_num_threads(1)
+    summary = run(_cfg(tmp_path, eval_data_dir, f"draft={draft}", f"eval.temperature={temperature}"))
+    assert summary["setup"]["policy"] == "tree(nodes=16, width=8, lookup=3..1)"
+    assert summary["setup"]["decoding_source"] == "drafter default"
+    if temperature == 0:
+        assert summary["greedy_check"]["compared"] == summary["greedy_check"]["matched"] == 4
+    rolls = _read_jsonl(tmp_path / "eval" / "rollouts.jsonl")
+    assert rolls and all(r["meta"]["tree"] == [16, 8] and r["meta"]["lookup"] == [3, 1] for r in rolls)
 
 
 @pytest.mark.parametrize("draft,extra", [("dspark", ()), ("dspark", ("eval.tree_nodes=6", "eval.tree_width=2")),

@@ -1,6 +1,7 @@
-"""End-to-end losslessness under sampling: the real loop on a real (tiny, 6-token vocabulary)
-transformers target with deliberately poor drafts; the joint law of the first three generated
-tokens must match the target's exact distribution (χ² over seeded draws)."""
+"""End-to-end losslessness under sampling: the real loops (chains, and sampled draft trees with prompt
+lookup) on a real (tiny, 6-token vocabulary) transformers target with deliberately poor drafts; the joint
+law of the first three generated tokens must match the target's exact distribution (χ² over seeded
+draws)."""
 import itertools
 
 import pytest
@@ -9,6 +10,7 @@ import torch
 from deepspec.eval.reference_drafters import FixedDistributionDraft
 from deepspec.decoding.warp import make_warp
 from deepspec.decoding.chain import speculative_generate
+from deepspec.decoding.tree_loop import tree_generate
 from deepspec.eval.stats import chi_square_gof, total_variation
 
 V, N_TOK, GAMMA = 6, 3, 2
@@ -44,13 +46,17 @@ def _exact_joint(target, warp):
     return joint.reshape(-1)
 
 
-def _draw(target, drafter, warp, n, seed):
+def _draw(target, drafter, warp, n, seed, tree=None):
     counts = torch.zeros(V ** N_TOK)
     acc = ver = 0
     for i in range(n):
         g = torch.Generator().manual_seed(seed * 100_003 + i)
-        out = speculative_generate(target, drafter, PROMPT, gamma=GAMMA, max_new_tokens=MAX_NEW, warp=warp,
-                                   generator=g, eos_token_ids=[])
+        if tree is None:
+            out = speculative_generate(target, drafter, PROMPT, gamma=GAMMA, max_new_tokens=MAX_NEW, warp=warp,
+                                       generator=g, eos_token_ids=[])
+        else:
+            out = tree_generate(target, drafter, PROMPT, gamma=GAMMA, max_new_tokens=MAX_NEW, warp=warp, generator=g,
+                                eos_token_ids=[], **tree)
         a, b, c = out.tokens[:N_TOK]
         counts[(a * V + b) * V + c] += 1
         acc += sum(r.accepted for r in out.rounds)
@@ -58,11 +64,11 @@ def _draw(target, drafter, warp, n, seed):
     return counts, acc / max(ver, 1)
 
 
-def _dspark(target, vocab=None):
+def _dspark(target, vocab=None, algorithm="dspark"):
     from deepspec.config.draft import DraftConfig
     from deepspec.drafts.registry import build_drafter
     torch.manual_seed(0)
-    cfg = DraftConfig(algorithm="dspark", gamma=GAMMA, num_layers=1, head_rank=8, mask_token_id=0,
+    cfg = DraftConfig(algorithm=algorithm, gamma=GAMMA, num_layers=1, head_rank=8, mask_token_id=0,
                       vocab_size=None if vocab is None else len(vocab))
     d = build_drafter(target, cfg)
     if vocab is not None:     # a pruned draft vocabulary: q = 0 on the other tokens
@@ -86,3 +92,28 @@ def test_first_tokens_match_target_distribution(small_vocab_target, kind, warp, 
     print(f"{kind}: n={n} chi2={stat:.2f} df={df} p={pval:.3f} TV={tv:.3f} acceptance={rate:.2f}")
     assert pval > 1e-3, (kind, stat, df, pval)
     assert rate < (0.6 if kind == "uniform" else 1.0)   # rejections (and the residual path) really happen
+
+
+TREE = dict(nodes=5, width=2, lookup=(2, 1))
+
+
+@pytest.mark.parametrize("kind,warp,n", [
+    ("dspark", make_warp(1.0), 500),
+    ("dspark", make_warp(0.7, top_p=0.9), 500),
+    ("eagle3", make_warp(1.0), 500),
+    ("eagle3_pruned", make_warp(0.7, top_p=0.9), 500),
+])
+def test_sampled_trees_match_target_distribution(small_vocab_target, kind, warp, n):
+    """Sampled draft trees (draws without replacement, pruned draws, a prompt-lookup branch) through the
+    real tree loop: the first three tokens are distributed as plain sampling's, at T = 1 and T = 0.7 with
+    top-p 0.9, for a DSpark (sequential head) and an Eagle3 tree (tree attention in its draft layer)."""
+    t = small_vocab_target
+    d = _dspark(t, [0, 2, 3, 5] if kind.endswith("pruned") else None, algorithm=kind.split("_")[0])
+    exact = _exact_joint(t, warp)
+    counts, rate = _draw(t, d, warp, n, seed=7 + len(kind), tree=TREE)
+    stat, df, pval = chi_square_gof(counts, exact)
+    tv = total_variation(counts, exact)
+    print(f"tree {kind} T={warp.temperature} top_p={warp.top_p}: n={n} chi2={stat:.2f} df={df} p={pval:.3f} "
+          f"TV={tv:.3f} accepted/verified={rate:.2f}")
+    assert pval > 1e-3, (kind, stat, df, pval)
+    assert 0 < rate < 1.0

@@ -225,8 +225,9 @@ def test_tree_loop_is_lossless_with_accepted_paths(family, cut, nodes):
     assert all(r.accepted <= full for r in out.rounds)
 
 
-@pytest.mark.parametrize("algo", [dict(algorithm="dspark", sequential_head="rnn"), dict(algorithm="dflash")])
-def test_tree_loop_is_lossless_with_a_parallel_drafter(tiny_qwen3, algo):
+@pytest.mark.parametrize("algo", [dict(algorithm="dspark", sequential_head="rnn"), dict(algorithm="dflash"),
+                                  dict(algorithm="eagle3"), dict(algorithm="eagle3", eagle3_layout="engine")])
+def test_tree_loop_is_lossless_with_a_real_drafter(tiny_qwen3, algo):
     t = tiny_qwen3
     torch.manual_seed(0)
     d = build_drafter(t, DraftConfig(gamma=4, num_layers=1, head_rank=16, **algo)).eval()
@@ -248,9 +249,9 @@ def test_tree_refuses_sliding_windows_and_chain_only_drafters(tiny_llama):
     with pytest.raises(ValueError, match="sliding-window"):
         tree_generate(g3, build_drafter(g3, DraftConfig(algorithm="dflash", gamma=3, num_layers=1)).eval(),
                       [5, 6, 7], gamma=3, nodes=4, width=2, max_new_tokens=4, warp=GREEDY)
-    e3 = build_drafter(t, DraftConfig(algorithm="eagle3", gamma=3, num_layers=1)).eval()
+    from deepspec.eval.reference_drafters import TargetAsDraft
     with pytest.raises(NotImplementedError, match="drafts chains only"):
-        tree_generate(t, e3, [5, 6, 7], gamma=3, nodes=4, width=2, max_new_tokens=4, warp=GREEDY)
+        tree_generate(t, TargetAsDraft(t, gamma=3), [5, 6, 7], gamma=3, nodes=4, width=2, max_new_tokens=4, warp=GREEDY)
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
@@ -274,25 +275,6 @@ def test_tree_loop_with_prompt_lookup_is_lossless_and_accepts_copied_tokens(fami
     assert out.tokens == base and all(r.proposed <= 8 for r in out.rounds)
 
 
-def test_prompt_lookup_settings_are_checked(tiny_llama, tmp_path):
-    from deepspec.config import ConfigError, load_config
-    from deepspec.decoding.settings import tree_setting
-    from deepspec.decoding.policy import FixedLengthPolicy
-    d = build_drafter(tiny_llama, DraftConfig(algorithm="dflash", gamma=3, num_layers=1)).eval()
-
-    def setting(*ov):
-        cfg = load_config([f"run_dir={tmp_path}", "eval.temperature=0", *ov])
-        return tree_setting(cfg, tiny_llama, d, FixedLengthPolicy(), GREEDY)
-    assert setting("eval.tree_nodes=8", "eval.lookup_ngram=3").lookup == (3, 1)
-    assert setting("eval.tree_nodes=8").lookup is None
-    with pytest.raises(ConfigError, match="set eval.tree_nodes too"):
-        setting("eval.lookup_ngram=3")
-    with pytest.raises(ConfigError, match="eval.lookup_min_ngram=4"):
-        setting("eval.tree_nodes=8", "eval.lookup_ngram=3", "eval.lookup_min_ngram=4")
-    with pytest.raises(ConfigError, match="at least 2 nodes"):
-        setting("eval.tree_nodes=1", "eval.lookup_ngram=3")
-
-
 def test_no_draft_alone_is_plain_decoding_and_with_lookup_is_prompt_lookup_decoding(tiny_llama):
     from deepspec.eval.reference_drafters import NoDraft
     t = tiny_llama
@@ -306,3 +288,39 @@ def test_no_draft_alone_is_plain_decoding_and_with_lookup_is_prompt_lookup_decod
     assert out.tokens == base
     assert all(r.lookup_accepted == r.accepted for r in out.rounds)
     assert len(out.rounds) < len(chain.rounds)            # the tiny target loops, and the lookup copies it
+
+
+class _ForcedWarp:
+    """A greedy-looking warp that forces the drafter's chain along ``path`` and keeps the logits it saw."""
+    greedy = True
+
+    def __init__(self, path):
+        self.path, self.seen = list(path), []
+
+    def __call__(self, logits):
+        self.seen.append(logits.float().reshape(-1))
+        out = torch.zeros_like(self.seen[-1])
+        out[self.path[len(self.seen) - 1]] = 1.0
+        return out[None]
+
+
+@pytest.mark.parametrize("layout", ["native", "engine"])
+def test_eagle3_tree_rows_see_what_their_chain_would(tiny_qwen3, layout):
+    """Every node of an Eagle3 tree (tree attention over the draft's own KV cache) scores exactly what the
+    chain step along its path computes: the tree mask gives each row its ancestors and nothing else."""
+    from deepspec.decoding.tree import draft_tree
+    t = tiny_qwen3
+    torch.manual_seed(0)
+    d = build_drafter(t, DraftConfig(algorithm="eagle3", gamma=4, num_layers=1, eagle3_layout=layout)).eval()
+    prompt = encode_prompt(t.tokenizer, [{"role": "user", "content": "What is 12 times 7?"}])
+    out = t.decode(torch.tensor([prompt]))
+    state = d.init_state(torch.tensor(prompt), out.features[0])
+    tree = draft_tree(d, state, 7, 4, 14, 3)
+    _check_tree(tree, 14, 4)
+    assert int(tree.depths.max()) >= 3
+    for i in range(len(tree)):
+        path = _path(tree, i)
+        w = _ForcedWarp(path)
+        assert d.propose(state, 7, len(path), w).tokens.tolist() == path
+        ref = sum(float(torch.log_softmax(lg, -1)[tok]) for lg, tok in zip(w.seen, path))
+        assert float(tree.scores[i]) == pytest.approx(ref, abs=1e-4)
