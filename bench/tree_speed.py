@@ -63,11 +63,15 @@ def overrides(args, setting: Dict[str, Any], out: Path) -> List[str]:
           f"eval.max_samples={args.max_samples}", f"eval.max_new_tokens={args.max_new_tokens}",
           "eval.temperature=0", "eval.multi_turn=false", "eval.progress=false",
           f"eval.bootstrap_resamples={args.resamples}", f"eval.out_dir={out}"]
-    if setting["tree"]:
-        ov += [f"eval.tree_nodes={setting['tree'][0]}", f"eval.tree_width={setting['tree'][1]}"]
-    if setting.get("lookup"):
-        ov += [f"eval.lookup_ngram={setting['lookup']}", f"eval.lookup_min_ngram={setting['lookup_min']}"]
-    return ov + list(args.extra)
+    return ov + setting_overrides(setting) + list(args.extra)
+
+
+def setting_overrides(setting: Dict[str, Any]) -> List[str]:
+    """The eval keys of a setting, every one stated (eval.decoding=auto would fill unset ones)."""
+    if not setting["tree"]:
+        return ["eval.decoding=chain"]
+    return ["eval.decoding=tree", f"eval.tree_nodes={setting['tree'][0]}", f"eval.tree_width={setting['tree'][1]}",
+            f"eval.lookup_ngram={setting.get('lookup') or 0}", f"eval.lookup_min_ngram={setting.get('lookup_min', 1)}"]
 
 
 def run_setting(args, setting: Dict[str, Any], out: Path) -> Dict[str, Any]:

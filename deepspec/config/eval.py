@@ -36,6 +36,10 @@ class EvalConfig:
     # same node budget (`deepspec.decoding.lookup`).  0 = off; None = the drafter's default (else 0 / 1).
     lookup_ngram: Optional[int] = None
     lookup_min_ngram: Optional[int] = None
+    # Verify every row through the one-token attention call of plain decoding, so that bf16 outputs equal
+    # plain bf16 decoding's where the target's matmuls are batch-invariant (`deepspec.decoding.row_invariant`;
+    # costs one small attention call per row and layer).
+    row_invariant: bool = False
     # The drafter's weights while decoding: null = as saved (fp32), float32 | bfloat16 | float16, or
     # "target" = the target's dtype.  The verification stays the target's, so any dtype is lossless.
     draft_dtype: Optional[str] = None

@@ -40,15 +40,17 @@ __all__ = ["speculative_generate"]
 def speculative_generate(target, drafter, prompt_ids, *, gamma: int, max_new_tokens: int, warp: Warp,
                          generator: Optional[torch.Generator] = None,
                          eos_token_ids: Optional[Iterable[int]] = None, policy: Any = None,
-                         on_round=None) -> GenerationResult:
+                         on_round=None, row_invariant: bool = False) -> GenerationResult:
     """Lossless speculative decoding of one prompt (batch size 1).
 
     ``policy``: an object with ``lengths(confidences[R, γ]) -> list[int]`` choosing how many
     draft tokens to verify (None = all).  ``on_round(round_index, RoundStats)`` is called
-    after each round (rollout logging)."""
+    after each round (rollout logging).  ``row_invariant``: verification rows round like one-token steps
+    (`deepspec.decoding.row_invariant`)."""
     if gamma < 1:
         raise ValueError(f"gamma must be >= 1, got {gamma}")
-    loop = DecodeLoop(target, drafter, prompt_ids, warp, generator, eos_token_ids, max_new_tokens, on_round)
+    loop = DecodeLoop(target, drafter, prompt_ids, warp, generator, eos_token_ids, max_new_tokens, on_round,
+                      row_invariant)
     device, marks, state = loop.device, loop.marks, loop.state
     while loop.stop is None:
         anchor = loop.anchor
@@ -65,7 +67,7 @@ def speculative_generate(target, drafter, prompt_ids, *, gamma: int, max_new_tok
         verify_ids = torch.cat([torch.tensor([anchor], dtype=torch.long).to(device, non_blocking=True),
                                 draft_t[:ell]])
         m2 = marks.mark()
-        vout = target.decode(verify_ids[None], loop.cache)
+        vout = loop.verify(verify_ids[None])
         loop.cache = vout.past_key_values
         m3 = marks.mark()
         if warp.greedy:

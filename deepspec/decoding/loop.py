@@ -17,6 +17,7 @@ from typing import Iterable, List, Optional, Sequence
 
 import torch
 
+from .row_invariant import row_invariant
 from .warp import Warp, greedy_ids, sample_token
 
 __all__ = ["RoundStats", "GenerationResult", "DecodeLoop", "target_generate"]
@@ -141,7 +142,7 @@ class DecodeLoop:
     the drafter's state, the first token), the emitted tokens, each round's record and the finish."""
 
     def __init__(self, target, drafter, prompt_ids, warp: Warp, generator, eos_token_ids, max_new_tokens: int,
-                 on_round=None):
+                 on_round=None, row_invariant: bool = False):
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         self.device = target.device
@@ -149,6 +150,7 @@ class DecodeLoop:
         self.eos = _eos_set(target, eos_token_ids)
         self.max_new_tokens = max_new_tokens
         self.on_round = on_round
+        self.target, self.row_invariant = target, bool(row_invariant)
         ids = _ids_tensor(prompt_ids, self.device)
         self.wall0 = time.perf_counter()
         self.m_start = self.marks.mark()
@@ -162,6 +164,14 @@ class DecodeLoop:
         self.m_prefill = self.marks.mark()
         self.result = GenerationResult(prompt_len=ids.numel(), tokens=self.tokens, stop_reason=self.stop or "")
         self.pending = []   # (RoundStats, its six marks) on a GPU: timings are read at the end
+
+    def verify(self, ids: torch.Tensor, **kw):
+        """The round's verification forward over ``ids`` [1, n] (``kw``: a tree's mask and positions); with
+        ``row_invariant`` every row through the one-token attention call (`deepspec.decoding.row_invariant`)."""
+        if not self.row_invariant:
+            return self.target.decode(ids, self.cache, **kw)
+        with row_invariant(self.target):
+            return self.target.decode(ids, self.cache, **kw)
 
     @property
     def room(self) -> int:

@@ -42,16 +42,18 @@ def _accept(vout, tree, warp: Warp, generator):
 def tree_generate(target, drafter, prompt_ids, *, gamma: int, nodes: int, width: int, max_new_tokens: int,
                   warp: Warp, generator: Optional[torch.Generator] = None,
                   eos_token_ids: Optional[Iterable[int]] = None, on_round=None,
-                  lookup: Optional[Tuple[int, int]] = None) -> GenerationResult:
+                  lookup: Optional[Tuple[int, int]] = None, row_invariant: bool = False) -> GenerationResult:
     """Speculative decoding of one prompt with draft trees of at most ``nodes`` nodes, depth ≤ ``gamma``,
     ``width`` children per expanded node (`deepspec.decoding.tree.grow_tree`), greedy or sampled as
     ``warp`` says.  ``lookup`` = (max_ngram, min_ngram): each round also grafts the prompt-lookup
     continuation of the context (`deepspec.decoding.lookup`); the drafter's tree then gets the budget the
-    chain leaves, so a round still verifies at most ``nodes`` nodes."""
+    chain leaves, so a round still verifies at most ``nodes`` nodes.  ``row_invariant``: verification rows
+    round like one-token steps (`deepspec.decoding.row_invariant`)."""
     if gamma < 1 or nodes < 1 or width < 1:
         raise ValueError(f"tree decoding needs gamma, nodes and width ≥ 1 (got {gamma}, {nodes}, {width})")
     check_tree_target(target)
-    loop = DecodeLoop(target, drafter, prompt_ids, warp, generator, eos_token_ids, max_new_tokens, on_round)
+    loop = DecodeLoop(target, drafter, prompt_ids, warp, generator, eos_token_ids, max_new_tokens, on_round,
+                      row_invariant)
     device, marks, state = loop.device, loop.marks, loop.state
     index = None
     if lookup is not None:
@@ -70,7 +72,7 @@ def tree_generate(target, drafter, prompt_ids, *, gamma: int, nodes: int, width:
         verify_ids = torch.cat([torch.tensor([loop.anchor], dtype=torch.long), toks]).to(device)
         mask, pos = tree_inputs(target, tree.parents, tree.depths, loop.cache_len)
         m2 = marks.mark()
-        vout = target.decode(verify_ids[None], loop.cache, attention_mask=mask, position_ids=pos)
+        vout = loop.verify(verify_ids[None], attention_mask=mask, position_ids=pos)
         loop.cache = vout.past_key_values
         m3 = marks.mark()
         path, next_token = _accept(vout, tree, warp, generator)

@@ -193,15 +193,17 @@ def evaluate(target, drafter, benchmarks: Mapping[str, Sequence[Sample]], *, gam
              max_new_tokens: int, seed: int = 0, multi_turn: bool = True, measure_baseline: bool = True,
              policy: Any = None, eos_token_ids: Optional[Sequence[int]] = None,
              rollout_sink: Optional[Callable[[str], None]] = None, warmup: bool = True,
-             progress: bool = True, tree: Optional[TreeSetting] = None) -> List[RequestRecord]:
+             progress: bool = True, tree: Optional[TreeSetting] = None,
+             row_invariant: bool = False) -> List[RequestRecord]:
     """Run speculative (+ baseline) decoding on every turn of every sample; returns the records.
-    ``tree``: verify draft trees (`tree_generate`, with prompt lookup when it says so) instead of chains."""
-    if tree is None:
-        generate = speculative_generate
-    else:
-        def generate(target, drafter, ids, *, gamma, policy=None, **kw):
-            return tree_generate(target, drafter, ids, gamma=gamma, nodes=tree.nodes, width=tree.width,
-                                 lookup=tree.lookup, **kw)
+    ``tree``: verify draft trees (`tree_generate`, with prompt lookup when it says so) instead of chains;
+    ``row_invariant``: verification rows round like one-token steps (`deepspec.decoding.row_invariant`)."""
+    def generate(target, drafter, ids, *, gamma, policy=None, **kw):
+        if tree is None:
+            return speculative_generate(target, drafter, ids, gamma=gamma, policy=policy,
+                                        row_invariant=row_invariant, **kw)
+        return tree_generate(target, drafter, ids, gamma=gamma, nodes=tree.nodes, width=tree.width,
+                             lookup=tree.lookup, row_invariant=row_invariant, **kw)
     tok = target.tokenizer
     eos = list(target.eos_token_ids if eos_token_ids is None else eos_token_ids)
     eos_set = set(eos)
@@ -343,7 +345,7 @@ def run(cfg) -> Dict[str, Any]:
         records = evaluate(target, drafter, benches, gamma=gamma, warp=warp, max_new_tokens=ec.max_new_tokens,
                            seed=ec.seed, multi_turn=ec.multi_turn, measure_baseline=ec.measure_baseline,
                            policy=policy, rollout_sink=sink, warmup=getattr(ec, "warmup", True),
-                           progress=getattr(ec, "progress", True), tree=tree)
+                           progress=getattr(ec, "progress", True), tree=tree, row_invariant=ec.row_invariant)
     with open(out / "samples.jsonl", "w", encoding="utf-8") as f:
         for r in records:
             f.write(jsonl_line(_clean(r.to_json())) + "\n")
@@ -351,6 +353,7 @@ def run(cfg) -> Dict[str, Any]:
                         bootstrap_resamples=ec.bootstrap_resamples, bootstrap_seed=ec.seed)
     summary["setup"] = {"target": f"{target.name} ({cfg.target.path})", "drafter": f"{dinfo['algorithm']} ({dinfo['source']})",
                         "policy": policy_name, "decoding_source": tree.source if tree else None,
+                        "row_invariant": bool(ec.row_invariant),
                         "warp": warp.describe(),
                         "max_new_tokens": ec.max_new_tokens, "max_samples": ec.max_samples,
                         "multi_turn": ec.multi_turn, "device": str(target.device), "dtype": str(target.dtype)}

@@ -1,0 +1,229 @@
+"""Benchmark (not a test): one decoding table for every drafter, beside transformers' own decoding.
+
+    OMP_NUM_THREADS=1 nice -n 5 .venv/bin/python bench/decoding_table.py --label small --max-samples 4 \
+        --drafter dspark=deepspec/shipped/smollm2-135m-dspark --drafter no_draft=none
+
+Rows per drafter (``--drafter NAME=CHECKPOINT``; ``NAME=none`` = the reference drafter NAME, ``no_draft``:
+prompt lookup without a draft model): ``chain``, ``tree`` (NxW) and ``tree + lookup`` (NxWlK), at each of
+``--temperatures`` (0 = greedy), the target in ``--dtype``; then the best tree + lookup greedy with the
+target in float32 (``--fp32-row``) and with row-invariant verification (``--row-invariant-row``,
+`eval.row_invariant`).  Then transformers' plain ``generate`` and prompt-lookup ``generate``
+(``prompt_lookup_num_tokens``) on the same prompts, and assisted generation where ``--assistant`` names a
+smaller model of the target's tokenizer (the table says when none was given).
+
+Settings are chosen on the tuning prompts only: with more than one candidate for a kind (``--trees``,
+``--lookups``) every candidate runs on ``--tune-data-dir``/``--tune-benchmarks`` first and the one with the
+best speedup over its own plain decoding is the one the eval prompts see (the record keeps the tuning
+numbers).  Every eval is one ``deepspec eval`` process, one at a time (finished ones are reused;
+``--in-process`` runs them here instead, for tests).
+
+Columns: macro τ with its 95% bootstrap interval; speedup over the plain decoding measured in the same eval
+(same dtype and temperature) and over the fastest plain decoding of the whole run at that temperature
+(every eval's baseline and transformers' plain generate); the per-round split (draft / verify / overhead ms);
+for greedy rows the requests whose output equals plain decoding in the same dtype (bf16 verification rows
+round differently from one-token steps; sampled rows are lossless in distribution, checked by the χ² tests,
+not request by request).  Writes `bench/results/decoding_table[-LABEL].{json,md}`.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.eval_tables import eval_summary  # noqa: E402
+from bench.records import repo_relative, write_record  # noqa: E402
+from bench.reference import DOMAIN_BENCHES  # noqa: E402
+from bench.table_markdown import markdown  # noqa: E402
+from bench.tree_speed import parse_setting, setting_overrides  # noqa: E402
+
+NO_ASSISTANT = ("not run: no smaller model with the target's tokenizer is available offline (for SmolLM2-135M "
+                "there is none: it is the smallest SmolLM2)")
+
+
+def parse_drafter(s: str):
+    name, sep, ckpt = s.partition("=")
+    if not sep or not name or not ckpt:
+        raise SystemExit(f"--drafter {s!r}: expected NAME=CHECKPOINT (NAME=none: the reference drafter NAME)")
+    return name, None if ckpt == "none" else ckpt
+
+
+def eval_overrides(args, drafter, setting: Dict[str, Any], T: float, data: Dict[str, Any], out: Path,
+                   extra: List[str]) -> List[str]:
+    name, ckpt = drafter
+    ov = [f"target={args.target}", f"target.dtype={setting['dtype']}", f"eval.checkpoint={ckpt or 'null'}",
+          f"eval.data_dir={data['dir']}", f"eval.benchmarks=[{','.join(data['benchmarks'])}]",
+          f"eval.max_samples={data['samples']}", f"eval.max_new_tokens={args.max_new_tokens}",
+          f"eval.temperature={T}", "eval.multi_turn=false", "eval.progress=false", f"eval.seed={args.seed}",
+          f"eval.bootstrap_resamples={args.resamples}", f"eval.out_dir={out}"]
+    if ckpt is None:
+        ov.append(f"draft.algorithm={name}")
+    return ov + setting_overrides(setting) + extra + list(args.extra)
+
+
+def run_eval(args, overrides: List[str], out: Path) -> Dict[str, Any]:
+    if not args.no_eval:
+        print(f"[decoding_table] {repo_relative(str(out))}", flush=True)
+        if args.in_process:
+            import torch
+            from deepspec.config import load_config
+            from deepspec.eval.runner import run
+            torch.set_num_threads(args.threads)
+            run(load_config(overrides))
+        else:
+            env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
+            subprocess.run([sys.executable, "-m", "deepspec.cli", "eval", *overrides], check=True, env=env, cwd=REPO)
+    if not (out / "results.json").is_file():
+        raise SystemExit(f"--no-eval: {out} holds no finished eval")
+    return json.loads((out / "results.json").read_text())
+
+
+def _data(args, tune: bool) -> Dict[str, Any]:
+    if tune:
+        return {"dir": args.tune_data_dir, "benchmarks": args.tune_benchmarks, "samples": args.tune_samples}
+    return {"dir": args.data_dir, "benchmarks": args.benchmarks, "samples": args.max_samples}
+
+
+def choose(args, drafter, kind: str, candidates: List[str], T: float, work: Path, tuning: Dict[str, Any]) -> str:
+    """The candidate with the best speedup over its own plain decoding on the tuning prompts (the only one
+    when there is one)."""
+    if len(candidates) == 1:
+        return candidates[0]
+    if not args.tune_data_dir:
+        raise SystemExit(f"--{kind}s has {len(candidates)} candidates: give --tune-data-dir to choose on the tuning prompts")
+    got = {}
+    for c in candidates:
+        st = parse_setting(f"{c}@{args.dtype}")
+        out = work / "tune" / drafter[0] / f"{c}_T{T:g}"
+        res = eval_summary(run_eval(args, eval_overrides(args, drafter, st, T, _data(args, True), out, []), out))
+        got[c] = {"tau": res["macro"].get("tau"), "speedup": res["speed"]["speedup_pooled"]}
+    best = max(got, key=lambda c: got[c]["speedup"] or 0.0)
+    tuning[f"{drafter[0]}/{kind}/T{T:g}"] = {"candidates": got, "chosen": best}
+    return best
+
+
+def drafter_rows(args, drafter, work: Path, tuning: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
+    rows: Dict[str, Dict[str, Any]] = {}
+    kinds = [("lookup", args.lookups)] if drafter[1] is None and drafter[0] == "no_draft" else \
+        [("chain", ["chain"]), ("tree", args.trees), ("lookup", args.lookups)]
+    best_lookup = None
+    for T in args.temperatures:
+        for kind, cands in kinds:
+            name = choose(args, drafter, kind, cands, T, work, tuning)
+            if kind == "lookup" and T == 0:
+                best_lookup = name
+            rows[f"{drafter[0]} {name} T={T:g} {args.dtype}"] = _eval_row(args, drafter, name, args.dtype, T, work, [])
+    if best_lookup and args.fp32_row and args.dtype != "float32":
+        rows[f"{drafter[0]} {best_lookup} T=0 float32"] = _eval_row(args, drafter, best_lookup, "float32", 0, work, [])
+    if best_lookup and args.row_invariant_row:
+        rows[f"{drafter[0]} {best_lookup} T=0 {args.dtype} row-invariant"] = _eval_row(
+            args, drafter, best_lookup, args.dtype, 0, work, ["eval.row_invariant=true"], suffix="_rowinv")
+    return rows
+
+
+def _eval_row(args, drafter, name: str, dtype: str, T: float, work: Path, extra: List[str], suffix: str = ""):
+    st = parse_setting(f"{name}@{dtype}")
+    out = work / "eval" / drafter[0] / f"{name}_T{T:g}_{dtype}{suffix}"
+    s = eval_summary(run_eval(args, eval_overrides(args, drafter, st, T, _data(args, False), out, extra), out))
+    return {"drafter": drafter[0], "setting": name, "temperature": T, "dtype": dtype, "kind": "deepspec",
+            "row_invariant": bool(extra), "tau": s["macro"].get("tau"), "tau_ci95": s["macro"].get("tau_ci95"),
+            "speed": s["speed"], "greedy_check": s["greedy_check"], "policy": (s["setup"] or {}).get("policy")}
+
+
+def hf_section(args) -> Dict[str, Dict[str, Any]]:
+    import torch
+    torch.set_num_threads(args.threads)
+    from bench.hf_decoding import eval_prompts, hf_rows
+    from deepspec.config import load_config
+    from deepspec.targets import load_target
+    target = load_target(load_config([f"target={args.target}", f"target.dtype={args.dtype}", *args.hf_extra]).target)
+    prompts = eval_prompts(target, args.data_dir, args.benchmarks, args.max_samples)
+    rows = hf_rows(target, prompts, args.max_new_tokens, args.temperatures, args.hf_lookup_tokens,
+                   assistant=args.assistant, resamples=args.resamples, seed=args.seed)
+    return {n: {**r, "kind": "transformers", "dtype": args.dtype} for n, r in rows.items()}
+
+
+def fastest_plain(rows: Dict[str, Dict[str, Any]]) -> Dict[str, float]:
+    """Per temperature: the highest plain-decoding tokens/s any row of the run measured."""
+    best: Dict[str, float] = {}
+    for r in rows.values():
+        tps = (r["speed"].get("baseline_tokens_per_s") if r["kind"] == "deepspec"
+               else r["tokens_per_s"] if r.get("plain") else None)
+        if tps:
+            T = f"{r['temperature']:g}"
+            best[T] = max(best.get(T, 0.0), tps)
+    return best
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--drafter", action="append", required=True, metavar="NAME=CHECKPOINT")
+    p.add_argument("--target", default="smollm2_135m", help="the target config group")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    p.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 1.0])
+    p.add_argument("--trees", nargs="+", default=["tree16x8"], help="tree candidates (treeNxW)")
+    p.add_argument("--lookups", nargs="+", default=["tree16x8l3"], help="tree + lookup candidates (treeNxWlK)")
+    p.add_argument("--fp32-row", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--row-invariant-row", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--benchmarks", nargs="+", default=DOMAIN_BENCHES)
+    p.add_argument("--max-samples", type=int, default=20)
+    p.add_argument("--max-new-tokens", type=int, default=40)
+    p.add_argument("--data-dir", default=str(REPO.parent / "shared" / "eval_datasets"))
+    p.add_argument("--tune-data-dir", default=None, help="the tuning prompts' folder (bench/tune_prompts.py)")
+    p.add_argument("--tune-benchmarks", nargs="+", default=["sharegpt_tune"])
+    p.add_argument("--tune-samples", type=int, default=48)
+    p.add_argument("--hf", action=argparse.BooleanOptionalAction, default=True, help="transformers' rows")
+    p.add_argument("--hf-lookup-tokens", type=int, default=10, help="prompt_lookup_num_tokens")
+    p.add_argument("--hf-extra", nargs="*", default=[], metavar="KEY=VALUE", help="target overrides for transformers' rows")
+    p.add_argument("--assistant", default=None, help="a smaller model of the target's tokenizer (assisted generation)")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--resamples", type=int, default=1000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--extra", nargs="*", default=[], metavar="KEY=VALUE", help="more eval overrides")
+    p.add_argument("--work", default=str(REPO / "bench" / "work" / "decoding_table"))
+    p.add_argument("--label", default=None)
+    p.add_argument("--no-eval", action="store_true", help="combine the evals finished under --work/LABEL")
+    p.add_argument("--in-process", action="store_true",
+                   help="run the evals in this process (no interpreter start per eval; for tests, not for timings)")
+    p.add_argument("--out", default=None, help="record path (default: bench/results/decoding_table[-LABEL].json)")
+    return p
+
+
+def main(argv=None) -> Dict[str, Any]:
+    args = build_parser().parse_args(argv)
+    drafters = [parse_drafter(s) for s in args.drafter]
+    for c in ["chain", *args.trees, *args.lookups]:
+        parse_setting(f"{c}@{args.dtype}")
+    work = Path(args.work) / (args.label or "default")
+    tuning: Dict[str, Any] = {}
+    rows: Dict[str, Dict[str, Any]] = {}
+    for d in drafters:
+        rows.update(drafter_rows(args, d, work, tuning))
+    if args.hf:
+        rows.update(hf_section(args))
+    rec = {"script": "decoding_table", "label": args.label,
+           "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+           "command": repo_relative(" ".join([Path(sys.executable).name, *sys.argv])),
+           "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "threads": args.threads,
+                       "loadavg_end": [round(x, 2) for x in os.getloadavg()]},
+           "args": {k: (repo_relative(v) if isinstance(v, str) else v) for k, v in vars(args).items()},
+           "drafters": {n: repo_relative(c) if c else None for n, c in drafters},
+           "rows": rows, "fastest_plain_tokens_per_s": fastest_plain(rows), "tuning": tuning,
+           "assisted_generation": None if args.assistant else NO_ASSISTANT}
+    path = write_record(rec, "decoding_table", out=args.out, label=args.label)
+    md = markdown(rec)
+    path.with_suffix(".md").write_text(md)
+    print(md)
+    return rec
+
+
+if __name__ == "__main__":
+    main()

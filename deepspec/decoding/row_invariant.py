@@ -1,0 +1,97 @@
+"""Row-invariant verification: verification rows that round exactly like one-token decoding steps.
+
+A verification forward computes ℓ + 1 (or a tree's n + 1) rows at once.  In bf16 its rows can round
+differently from plain decoding's one-token forwards, so a speculative output may differ from plain bf16
+decoding's (measured 2026-12-05, SmolLM2-135M bf16 on one CPU thread: 70 of 120 eval outputs identical;
+fp32: all).  On this CPU the difference comes from attention alone: the linear layers (oneDNN bf16 GEMMs),
+norms and rotary embeddings give each row the bits a one-row call gives, but a masked multi-query SDPA call
+reduces differently from the unmasked one-query call of a decoding step.
+
+`row_invariant_attention` therefore runs each query row through exactly the call a decoding step makes —
+one query, its own keys (the cache, then its ancestors in order: a chain's earlier rows, a tree path's
+nodes), no mask — so each row's logits are bit-identical to plain decoding of its path wherever the
+target's matmuls are batch-invariant (tested: `tests/unit/test_decoding_row_invariant.py`).  The price is
+one small attention call per row and layer (`bench/row_invariant_cost.py` measures it).
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Dict, List, Optional
+
+import torch
+import torch.nn.functional as F
+
+from ..targets.attention import attention_implementation
+
+__all__ = ["NAME", "row_invariant", "row_invariant_attention"]
+
+NAME = "deepspec_row_invariant"
+_registered = False
+_rows: Dict[tuple, List[torch.Tensor]] = {}     # key indices per row of the forward in flight
+
+
+def _row_keys(attention_mask: torch.Tensor, q: int) -> List[torch.Tensor]:
+    """Each row's allowed keys among the forward's own q rows (its ancestors and itself, in order) of a 4-D
+    additive mask, computed once per forward (all layers share the mask)."""
+    key = (attention_mask.data_ptr(), tuple(attention_mask.shape))
+    got = _rows.get(key)
+    if got is None:
+        allowed = attention_mask[0, 0, -q:, -q:] == 0
+        got = [allowed[i].nonzero().reshape(-1) for i in range(q)]
+        _rows.clear()
+        _rows[key] = got
+    return got
+
+
+def row_invariant_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                            attention_mask: Optional[torch.Tensor], dropout: float = 0.0,
+                            scaling: Optional[float] = None, **kwargs):
+    """transformers attention-interface signature; returns (out [B, q, heads, d], None).  Without a mask the
+    rows are a chain (row i sees the first kv − q + i + 1 keys); a 4-D mask (a draft tree) gives row i the
+    cache and its ancestors, which are written behind one copy of the cache per layer (no copy per row)."""
+    q_len, kv_len = query.shape[2], key.shape[2]
+    past = kv_len - q_len
+    gqa = query.shape[1] != key.shape[1]
+    if attention_mask is None:
+        rows, kbuf, vbuf = None, key, value
+    else:
+        rows = _row_keys(attention_mask, q_len)
+        depth = max(int(r.numel()) for r in rows)
+        kbuf = key.new_empty(key.shape[0], key.shape[1], past + depth, key.shape[3])
+        vbuf = value.new_empty(value.shape[0], value.shape[1], past + depth, value.shape[3])
+        kbuf[:, :, :past], vbuf[:, :, :past] = key[:, :, :past], value[:, :, :past]
+    outs = []
+    for i in range(q_len):
+        n = past + i + 1
+        if rows is not None:
+            n = past + int(rows[i].numel())
+            kbuf[:, :, past:n] = key[:, :, past:].index_select(2, rows[i])
+            vbuf[:, :, past:n] = value[:, :, past:].index_select(2, rows[i])
+        outs.append(F.scaled_dot_product_attention(query[:, :, i:i + 1], kbuf[:, :, :n], vbuf[:, :, :n],
+                                                   dropout_p=dropout, scale=scaling, enable_gqa=gqa))
+    return torch.cat(outs, dim=2).transpose(1, 2).contiguous(), None
+
+
+def _register() -> None:
+    global _registered
+    if not _registered:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface
+        AttentionInterface.register(NAME, row_invariant_attention)
+        AttentionMaskInterface.register(NAME, lambda *args, **kwargs: None)
+        _registered = True
+
+
+@contextmanager
+def row_invariant(target):
+    """Run ``target.decode`` calls inside through `row_invariant_attention` (the adapter's own fast paths
+    are switched off for the duration, so the model reads this implementation)."""
+    _register()
+    saved = target.fast_attention
+    target.fast_attention = False
+    try:
+        with attention_implementation(target.model, NAME):
+            yield
+    finally:
+        target.fast_attention = saved
+        _rows.clear()

@@ -1,0 +1,50 @@
+"""bench/decoding_table.py end to end on a tiny target: an Eagle3 checkpoint and no_draft, greedy and sampled,
+a lookup setting chosen on "tuning" prompts, the row-invariant row, transformers' plain and prompt-lookup
+generate on the same prompts; the record's numbers and its table."""
+import json
+
+import pytest
+import torch
+
+
+def test_decoding_table_record(tmp_path, eval_data_dir, bench_module):
+    from deepspec.config import TargetConfig
+    from deepspec.config.draft import DraftConfig
+    from deepspec.drafts import build_drafter
+    from deepspec.targets import load_target
+    mod = bench_module("decoding_table")
+    target = load_target(TargetConfig(path="tiny:llama", dtype="float32", device="cpu", num_feature_layers=2))
+    torch.manual_seed(0)
+    ckpt = build_drafter(target, DraftConfig(algorithm="eagle3", gamma=3, num_layers=1)).save_pretrained(tmp_path / "e3")
+    out = tmp_path / "rec.json"
+    tiny = ["target.path=tiny:llama", "target.device=cpu", "target.num_feature_layers=2"]
+    rec = mod.main(["--drafter", f"eagle3={ckpt}", "--drafter", "no_draft=none", "--dtype", "float32",
+                    "--temperatures", "0", "1", "--trees", "tree6x2", "--lookups", "tree6x2l3", "tree4x1l2",
+                    "--benchmarks", "gsm8k", "humaneval", "--max-samples", "2", "--max-new-tokens", "8",
+                    "--data-dir", str(eval_data_dir), "--tune-data-dir", str(eval_data_dir),
+                    "--tune-benchmarks", "mbpp", "--tune-samples", "1", "--resamples", "50",
+                    "--hf-lookup-tokens", "3", "--in-process", "--work", str(tmp_path / "work"), "--out", str(out),
+                    "--extra", *tiny, "--hf-extra", *tiny])
+    assert json.loads(out.read_text())["rows"].keys() == rec["rows"].keys()
+    rows = rec["rows"]
+    chosen = {k: v["chosen"] for k, v in rec["tuning"].items()}
+    assert set(chosen) == {f"{d}/lookup/T{t}" for d in ("eagle3", "no_draft") for t in ("0", "1")}
+    assert set(chosen.values()) <= {"tree6x2l3", "tree4x1l2"}
+    e3 = [r for r in rows.values() if r["kind"] == "deepspec" and r["drafter"] == "eagle3"]
+    assert {(r["setting"].startswith("tree"), r["temperature"]) for r in e3} == {(a, t) for a in (0, 1) for t in (0, 1)}
+    for r in e3 + [r for r in rows.values() if r["kind"] == "deepspec" and r["drafter"] == "no_draft"]:
+        assert r["tau"] >= 1 and r["speed"]["speedup_pooled"] > 0 and r["speed"]["verify_ms"] > 0
+        if r["temperature"] == 0:                       # fp32: every greedy output is plain decoding's
+            assert r["greedy_check"]["matched"] == r["greedy_check"]["compared"] == 4
+    assert any(r["row_invariant"] for r in e3)
+    assert [r["setting"] for r in rows.values() if r["kind"] == "deepspec" and r["drafter"] == "no_draft"
+            and not r["row_invariant"]] == [chosen["no_draft/lookup/T0"], chosen["no_draft/lookup/T1"]]
+    hf = {n: r for n, r in rows.items() if r["kind"] == "transformers"}
+    assert len(hf) == 4 and all(r["requests"] == 4 and r["tokens_per_s"] > 0 for r in hf.values())
+    look = hf["transformers prompt lookup (prompt_lookup_num_tokens=3), T=0"]
+    assert look["identical"] == {"matched": 4, "compared": 4} and look["tau"] >= 1
+    assert set(rec["fastest_plain_tokens_per_s"]) == {"0", "1"}
+    md = out.with_suffix(".md").read_text()
+    assert "no smaller model" in md and "n/a (sampled)" in md and "| 4/4 |" in md
+    with pytest.raises(SystemExit, match="NAME=CHECKPOINT"):
+        mod.parse_drafter("eagle3")
