@@ -180,6 +180,9 @@ def eval_settings(eval_dir: Path):
     ec, tc = cfg.eval, cfg.target
     if ec.temperature != 0 or ec.multi_turn:
         raise SystemExit(f"{eval_dir}: needs a greedy first-turn eval (eval.temperature=0 eval.multi_turn=false)")
+    res = eval_dir / "results.json"
+    if res.is_file() and str(json.loads(res.read_text()).get("setup", {}).get("policy", "")).startswith("tree("):
+        raise SystemExit(f"{eval_dir}: needs chain rollouts (eval.decoding=chain); this eval verified draft trees")
     return cfg, (tc.path, str(tc.dtype), ec.data_dir, tuple(ec.benchmarks), ec.max_samples, ec.max_new_tokens)
 
 

@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 TREE = (16, 8)
 # Prompt lookup beside the tree (eval.lookup_ngram): the longest context suffix matched, chosen on the same prompts.
 LOOKUP_NGRAM = 3
+# The sampled run: plain sampling's temperature (the paper's T = 1), the draft's documented sampled default.
+SAMPLED_T = 1.0
 
 
 def _banner(text: str) -> None:
@@ -74,16 +76,22 @@ def _verified(results: dict):
 
 
 def _eval_shipped(cfg: DeepSpecConfig, shipped: Path, name: str, scheduler: bool = False,
-                  tree: bool = False, lookup: bool = False) -> dict:
-    """Eval of the shipped draft on the demo's prompts; ``scheduler``: the prefix scheduler (paper Alg. 1)
-    picks each round's verification length from the draft's calibrated confidences and SPS(B) profiled
-    here for B = 1..γ+1, with the draft's cost measured in the warm-up; ``tree``: tree verification
-    (`TREE` nodes and width) with the target in bf16, where a CPU verifies 17 tokens for ~1.2 plain
-    steps (fp32: ~2); ``lookup``: that tree plus a prompt-lookup chain (`LOOKUP_NGRAM`) in the same budget."""
+                  tree: bool = False, lookup: bool = False, sampled: bool = False) -> dict:
+    """Eval of the shipped draft on the demo's prompts: chains unless asked otherwise; ``scheduler``: the
+    prefix scheduler (paper Alg. 1) picks each round's verification length from the draft's calibrated
+    confidences and SPS(B) profiled here for B = 1..γ+1, with the draft's cost measured in the warm-up;
+    ``tree``: tree verification (`TREE` nodes and width) with the target in bf16, where a CPU verifies 17
+    tokens for ~1.2 plain steps (fp32: ~2); ``lookup``: that tree plus a prompt-lookup chain (`LOOKUP_NGRAM`)
+    in the same budget (the best greedy setting); ``sampled``: sampling at T = `SAMPLED_T` with the draft's
+    default sampled setting (eval.decoding=auto; bf16 target), against plain sampling."""
     c = copy.deepcopy(cfg)
     c.eval.checkpoint = str(shipped)
     c.eval.out_dir = str(eval_dir(cfg).parent / name)
+    c.eval.decoding = "chain"
+    if sampled:
+        c.eval.decoding, c.eval.temperature, c.target.dtype = "auto", SAMPLED_T, "bfloat16"
     if tree:
+        c.eval.decoding = "tree"
         c.eval.tree_nodes, c.eval.tree_width = TREE
         c.target.dtype = "bfloat16"
         c.eval.lookup_ngram = LOOKUP_NGRAM if lookup else 0
@@ -127,10 +135,15 @@ def run(cfg: DeepSpecConfig) -> int:
         _banner(f"and with prompt lookup: each tree also holds the tokens that followed the context's last "
                 f"≤ {LOOKUP_NGRAM} tokens where they occurred before")
         lookup = _eval_shipped(cfg, shipped, "eval_shipped_tree_lookup", tree=True, lookup=True)
+        _banner(f"and sampling at T = {SAMPLED_T:g} (lossless: the output is distributed as plain sampling's) "
+                "with the draft's default sampled setting")
+        sampled = _eval_shipped(cfg, shipped, "eval_shipped_sampled", sampled=True)
         print("\n" + side_by_side({"trained just now": results, f"shipped ({shipped.name})": ship,
                                    f"shipped ({shipped.name}), scheduled verification": sched,
                                    f"shipped ({shipped.name}), tree verification, bf16": tree,
-                                   f"shipped ({shipped.name}), tree + prompt lookup, bf16": lookup}))
+                                   f"shipped ({shipped.name}), tree + prompt lookup, bf16": lookup,
+                                   f"shipped ({shipped.name}), sampled T={SAMPLED_T:g}: {sampled['setup']['policy']}, "
+                                   "bf16": sampled}))
     plots = sorted(p.name for p in (eval_dir(cfg) / "plots").glob("*.png")) if (eval_dir(cfg) / "plots").is_dir() else []
     print(f"\nreport: {eval_dir(cfg) / 'report.md'}\nplots:  {eval_dir(cfg) / 'plots'} ({', '.join(plots)})")
     print(f"checkpoint: {ckpt}\ndemo finished in {time.perf_counter() - t0:.0f} s")

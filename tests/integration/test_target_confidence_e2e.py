@@ -14,7 +14,7 @@ def test_every_round_lies_on_the_targets_greedy_path(tmp_path, eval_data_dir, be
     run(load_config([f"run_dir={tmp_path}", "target.path=tiny:llama", "target.dtype=float32", "target.device=cpu",
                      "target.num_feature_layers=2", "draft=dspark", "draft.num_layers=1", "draft.gamma=3",
                      "draft.head_rank=16", f"eval.data_dir={eval_data_dir}", "eval.benchmarks=[gsm8k,mbpp]",
-                     "eval.max_samples=2", "eval.max_new_tokens=12", "eval.temperature=0", "eval.multi_turn=false",
+                     "eval.max_samples=2", "eval.max_new_tokens=12", "eval.temperature=0", "eval.decoding=chain", "eval.multi_turn=false",
                      "eval.measure_baseline=false", "eval.progress=false", f"eval.out_dir={out}"]))
     mod = bench_module("target_confidence")
     rec_path = tmp_path / "tc.json"
