@@ -71,8 +71,8 @@ def _resolve(cfg, target, drafter, policy, warp) -> Tuple[Optional[Dict[str, Any
     if mode not in MODES:
         raise ConfigError(f"eval.decoding={mode!r}: choose from {', '.join(MODES)}")
     user = _user_keys(ec)
+    asks = {k: v for k, v in user.items() if k == "tree_nodes" or (k == "lookup_ngram" and int(v) > 0)}
     if mode == "chain":
-        asks = {k: v for k, v in user.items() if k == "tree_nodes" or (k == "lookup_ngram" and int(v) > 0)}
         if asks:
             k = next(iter(asks))
             raise ConfigError(f"eval.{k}={user[k]}: eval.decoding=chain verifies chains; set eval.decoding=tree "
@@ -80,21 +80,19 @@ def _resolve(cfg, target, drafter, policy, warp) -> Tuple[Optional[Dict[str, Any
         return None, "eval config"
     policy_set = getattr(policy, "name", "fixed") != "fixed"
     default = drafter_default(drafter, warp.greedy)
-    if mode == "auto" and not user:
-        if policy_set:
-            return None, "eval config"
-        if default and not _trees_possible(target, drafter):
+    if mode == "auto" and not asks:          # nothing asks for a tree: the drafter's default, if it has one
+        if policy_set or not default:
+            return None, "eval config" if policy_set else "drafter default"
+        if not _trees_possible(target, drafter):
             log.info("eval: %s cannot verify draft trees here; decoding chains", type(drafter).__name__)
             return None, "drafter default"
-        return (default or None), "drafter default"
+        return {**default, **user}, "eval config" if user else "drafter default"
     merged = {**default, **user}
     if "tree_nodes" not in merged:
         if mode == "tree":
             raise ConfigError("eval.decoding=tree: set eval.tree_nodes (this drafter has no default tree)")
-        if int(user.get("lookup_ngram") or 0) > 0:
-            raise ConfigError(f"eval.lookup_ngram={user['lookup_ngram']}: prompt lookup grafts its chain onto draft "
-                              "trees; set eval.tree_nodes too")
-        return None, "eval config"          # a width or a lookup left off, and no tree: chains
+        raise ConfigError(f"eval.lookup_ngram={user['lookup_ngram']}: prompt lookup grafts its chain onto draft "
+                          "trees; set eval.tree_nodes too")
     return merged, "eval config"
 
 

@@ -93,3 +93,14 @@ def test_unknown_keys_in_a_drafters_defaults_are_refused(llama):
     d.decoding_defaults = {"greedy": {"tree_depth": 4}}
     with pytest.raises(ValueError, match="unknown eval key"):
         drafter_default(d, True)
+
+
+def test_keys_that_ask_for_no_tree_only_adjust_the_default(tmp_path, llama):
+    """A width or lookup_ngram=0 (an older run's resolved config states them) adjusts the drafter's default;
+    with a verification-length policy, or a drafter without trees, they leave chains alone."""
+    d = build_drafter(llama, DraftConfig(algorithm="dflash", gamma=3, num_layers=1)).eval()
+    old = ("eval.tree_width=4", "eval.lookup_ngram=0")
+    assert _setting(tmp_path, llama, d, *old) == TreeSetting(16, 4, None, "eval config")
+    assert _setting(tmp_path, llama, d, *old, policy=_Named()) is None
+    assert _setting(tmp_path, llama, TargetAsDraft(llama, gamma=3), *old) is None
+    assert _setting(tmp_path, llama, d, "eval.decoding=chain", *old) is None
