@@ -138,15 +138,25 @@ def _eval_row(args, drafter, name: str, dtype: str, T: float, work: Path, extra:
             "speed": s["speed"], "greedy_check": s["greedy_check"], "policy": (s["setup"] or {}).get("policy")}
 
 
-def hf_section(args) -> Dict[str, Dict[str, Any]]:
+def hf_section(args, tuning: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
     import torch
     torch.set_num_threads(args.threads)
-    from bench.hf_decoding import eval_prompts, hf_rows
+    from bench.hf_decoding import choose_lookup_tokens, eval_prompts, hf_rows
     from deepspec.config import load_config
     from deepspec.targets import load_target
     target = load_target(load_config([f"target={args.target}", f"target.dtype={args.dtype}", *args.hf_extra]).target)
+    lookup = {T: args.hf_lookup_tokens[0] for T in args.temperatures}
+    if len(args.hf_lookup_tokens) > 1:
+        if not args.tune_data_dir:
+            raise SystemExit("--hf-lookup-tokens has several candidates: give --tune-data-dir to choose on the tuning prompts")
+        tune = eval_prompts(target, args.tune_data_dir, args.tune_benchmarks, args.tune_samples)
+        for T in args.temperatures:
+            got = choose_lookup_tokens(target, tune, args.max_new_tokens, T, args.hf_lookup_tokens, args.seed)
+            tuning[f"transformers/prompt_lookup_num_tokens/T{T:g}"] = {
+                "candidates": {k: {"tokens_per_s": v} for k, v in got["tokens_per_s"].items()}, "chosen": got["chosen"]}
+            lookup[T] = got["chosen"]
     prompts = eval_prompts(target, args.data_dir, args.benchmarks, args.max_samples)
-    rows = hf_rows(target, prompts, args.max_new_tokens, args.temperatures, args.hf_lookup_tokens,
+    rows = hf_rows(target, prompts, args.max_new_tokens, args.temperatures, lookup,
                    assistant=args.assistant, resamples=args.resamples, seed=args.seed)
     return {n: {**r, "kind": "transformers", "dtype": args.dtype} for n, r in rows.items()}
 
@@ -181,7 +191,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tune-benchmarks", nargs="+", default=["sharegpt_tune"])
     p.add_argument("--tune-samples", type=int, default=48)
     p.add_argument("--hf", action=argparse.BooleanOptionalAction, default=True, help="transformers' rows")
-    p.add_argument("--hf-lookup-tokens", type=int, default=10, help="prompt_lookup_num_tokens")
+    p.add_argument("--hf-lookup-tokens", nargs="+", type=int, default=[10],
+                   help="prompt_lookup_num_tokens (several: chosen on the tuning prompts)")
     p.add_argument("--hf-extra", nargs="*", default=[], metavar="KEY=VALUE", help="target overrides for transformers' rows")
     p.add_argument("--assistant", default=None, help="a smaller model of the target's tokenizer (assisted generation)")
     p.add_argument("--threads", type=int, default=1)
@@ -208,7 +219,7 @@ def main(argv=None) -> Dict[str, Any]:
     for d in drafters:
         rows.update(drafter_rows(args, d, work, tuning))
     if args.hf:
-        rows.update(hf_section(args))
+        rows.update(hf_section(args, tuning))
     rec = {"script": "decoding_table", "label": args.label,
            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
            "command": repo_relative(" ".join([Path(sys.executable).name, *sys.argv])),

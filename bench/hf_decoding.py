@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["eval_prompts", "hf_rows"]
+__all__ = ["choose_lookup_tokens", "eval_prompts", "hf_rows"]
 
 
 def eval_prompts(target, data_dir: str, benchmarks: Sequence[str], max_samples: int) -> List[List[int]]:
@@ -71,24 +71,43 @@ def _row(runs, resamples: int, seed: int, reference: Optional[list] = None) -> D
     return row
 
 
+def _gen_kwargs(max_new_tokens: int, eos: List[int], T: float) -> Dict[str, Any]:
+    kw = dict(max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=eos[0], top_k=0, top_p=1.0)
+    kw.update(dict(do_sample=False, temperature=None) if T == 0 else dict(do_sample=True, temperature=float(T)))
+    return kw
+
+
+def choose_lookup_tokens(target, prompts: List[List[int]], max_new_tokens: int, T: float,
+                         candidates: Sequence[int], seed: int = 0) -> Dict[str, Any]:
+    """The ``prompt_lookup_num_tokens`` with the most tokens/s on ``prompts`` (the tuning prompts)."""
+    base = _gen_kwargs(max_new_tokens, list(target.eos_token_ids), T)
+    _generate_all(target.model, prompts[:1], {**base, "max_new_tokens": 8}, seed)
+    got = {}
+    for k in candidates:
+        runs = _generate_all(target.model, prompts, {**base, "prompt_lookup_num_tokens": int(k)}, seed)
+        got[str(k)] = sum(len(o) for o, _, _ in runs) / sum(s for _, s, _ in runs)
+    return {"tokens_per_s": got, "chosen": int(max(got, key=got.get))}
+
+
 def hf_rows(target, prompts: List[List[int]], max_new_tokens: int, temperatures: Sequence[float],
-            lookup_tokens: int, assistant: Optional[str] = None, resamples: int = 1000,
+            lookup_tokens: Dict[float, int], assistant: Optional[str] = None, resamples: int = 1000,
             seed: int = 0) -> Dict[str, Dict[str, Any]]:
-    """{row name: numbers} for plain, prompt-lookup and (with ``assistant``) assisted generation per temperature."""
+    """{row name: numbers} for plain, prompt-lookup (``lookup_tokens[T]``) and (with ``assistant``) assisted
+    generation per temperature."""
     from transformers import AutoModelForCausalLM
     model = target.model
     eos = list(target.eos_token_ids)
     helper = AutoModelForCausalLM.from_pretrained(assistant, torch_dtype=model.dtype) if assistant else None
     rows: Dict[str, Dict[str, Any]] = {}
     for T in temperatures:
-        base = dict(max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=eos[0], top_k=0, top_p=1.0)
-        base.update(dict(do_sample=False, temperature=None) if T == 0 else dict(do_sample=True, temperature=float(T)))
+        base = _gen_kwargs(max_new_tokens, eos, T)
         _generate_all(model, prompts[:1], {**base, "max_new_tokens": 8}, seed)          # warm-up
         plain = _generate_all(model, prompts, base, seed)
         rows[f"transformers plain generate, T={T:g}"] = {**_row(plain, resamples, seed), "temperature": T,
                                                            "plain": True}
-        look = _generate_all(model, prompts, {**base, "prompt_lookup_num_tokens": lookup_tokens}, seed)
-        rows[f"transformers prompt lookup (prompt_lookup_num_tokens={lookup_tokens}), T={T:g}"] = {
+        k = lookup_tokens[T]
+        look = _generate_all(model, prompts, {**base, "prompt_lookup_num_tokens": k}, seed)
+        rows[f"transformers prompt lookup (prompt_lookup_num_tokens={k}), T={T:g}"] = {
             **_row(look, resamples, seed, plain if T == 0 else None), "temperature": T}
         if helper is not None:
             asst = _generate_all(model, prompts, {**base, "assistant_model": helper}, seed)

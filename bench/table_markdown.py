@@ -53,6 +53,8 @@ def markdown(rec: Mapping[str, Any]) -> str:
     out += ["", f"Assisted generation: {rec['assisted_generation'] or 'run (rows above)'}."]
     if rec.get("tuning"):
         out += ["", "Chosen on the tuning prompts (speedup over own plain decoding):"]
-        out += [f"- {k}: {v['chosen']} (" + ", ".join(f"{c} {_f(x['speedup'], 3)}×" for c, x in v["candidates"].items())
-                + ")" for k, v in rec["tuning"].items()]
+        for k, v in rec["tuning"].items():
+            got = [f"{c} {_f(x['speedup'], 3)}×" if "speedup" in x else f"{c}: {_f(x['tokens_per_s'], 1)} tokens/s"
+                   for c, x in v["candidates"].items()]
+            out.append(f"- {k}: {v['chosen']} ({', '.join(got)})")
     return "\n".join(out) + "\n"

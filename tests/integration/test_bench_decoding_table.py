@@ -23,13 +23,15 @@ def test_decoding_table_record(tmp_path, eval_data_dir, bench_module):
                     "--benchmarks", "gsm8k", "humaneval", "--max-samples", "2", "--max-new-tokens", "8",
                     "--data-dir", str(eval_data_dir), "--tune-data-dir", str(eval_data_dir),
                     "--tune-benchmarks", "mbpp", "--tune-samples", "1", "--resamples", "50",
-                    "--hf-lookup-tokens", "3", "--in-process", "--work", str(tmp_path / "work"), "--out", str(out),
+                    "--hf-lookup-tokens", "2", "3", "--in-process", "--work", str(tmp_path / "work"), "--out", str(out),
                     "--extra", *tiny, "--hf-extra", *tiny])
     assert json.loads(out.read_text())["rows"].keys() == rec["rows"].keys()
     rows = rec["rows"]
     chosen = {k: v["chosen"] for k, v in rec["tuning"].items()}
-    assert set(chosen) == {f"{d}/lookup/T{t}" for d in ("eagle3", "no_draft") for t in ("0", "1")}
-    assert set(chosen.values()) <= {"tree6x2l3", "tree4x1l2"}
+    assert set(chosen) == {f"{d}/lookup/T{t}" for d in ("eagle3", "no_draft") for t in ("0", "1")} | {
+        f"transformers/prompt_lookup_num_tokens/T{t}" for t in ("0", "1")}
+    assert {v for k, v in chosen.items() if "/lookup/" in k} <= {"tree6x2l3", "tree4x1l2"}
+    assert {v for k, v in chosen.items() if k.startswith("transformers")} <= {2, 3}
     e3 = [r for r in rows.values() if r["kind"] == "deepspec" and r["drafter"] == "eagle3"]
     assert {(r["setting"].startswith("tree"), r["temperature"]) for r in e3} == {(a, t) for a in (0, 1) for t in (0, 1)}
     for r in e3 + [r for r in rows.values() if r["kind"] == "deepspec" and r["drafter"] == "no_draft"]:
@@ -41,7 +43,7 @@ def test_decoding_table_record(tmp_path, eval_data_dir, bench_module):
             and not r["row_invariant"]] == [chosen["no_draft/lookup/T0"], chosen["no_draft/lookup/T1"]]
     hf = {n: r for n, r in rows.items() if r["kind"] == "transformers"}
     assert len(hf) == 4 and all(r["requests"] == 4 and r["tokens_per_s"] > 0 for r in hf.values())
-    look = hf["transformers prompt lookup (prompt_lookup_num_tokens=3), T=0"]
+    look = next(r for n, r in hf.items() if n.startswith("transformers prompt lookup") and n.endswith("T=0"))
     assert look["identical"] == {"matched": 4, "compared": 4} and look["tau"] >= 1
     assert set(rec["fastest_plain_tokens_per_s"]) == {"0", "1"}
     md = out.with_suffix(".md").read_text()
