@@ -21,7 +21,7 @@ from typing import List, Optional
 
 import torch
 
-from .warp import greedy_ids
+from .warp import greedy_ids, sample_token
 
 __all__ = ["Verification", "accept_greedy", "verify_greedy", "verify_sampling", "verify", "residual_distribution"]
 
@@ -89,8 +89,7 @@ def verify_sampling(draft_tokens, draft_probs: torch.Tensor, target_probs: torch
         raise ValueError(f"need {g + 1} target rows for {g} draft tokens, got {target_probs.shape[0]}")
     p = target_probs if target_probs.dtype == torch.float32 else target_probs.float()
     if g == 0:
-        tok = torch.multinomial(p[0], 1, generator=generator)
-        return Verification(accepted=0, next_token=int(tok.item()), draft=())
+        return Verification(accepted=0, next_token=sample_token(p[0], generator), draft=())
     if draft_probs.shape[0] < g:
         raise ValueError(f"need {g} draft distributions, got {draft_probs.shape[0]}")
     q = draft_probs[:g].to(device=p.device, dtype=torch.float32)
@@ -103,8 +102,7 @@ def verify_sampling(draft_tokens, draft_probs: torch.Tensor, target_probs: torch
     while n < g and uu[n] * qx[n] < px[n]:
         n += 1
     dist = p[g] if n == g else residual_distribution(p[n], q[n])
-    tok = torch.multinomial(dist, 1, generator=generator)
-    return Verification(accepted=n, next_token=int(tok.item()), draft=tuple(draft))
+    return Verification(accepted=n, next_token=sample_token(dist, generator), draft=tuple(draft))
 
 
 def verify(draft_tokens, draft_probs: Optional[torch.Tensor], target_scores: torch.Tensor,

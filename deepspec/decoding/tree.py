@@ -10,9 +10,9 @@ docs/benchmarks-notes.md, "Tree verification").
 `grow_tree` builds the tree level by level, as EAGLE-2 does: at each depth the ``width`` nodes with
 the highest cumulative draft log-probability are expanded, each into ``width`` children; at the end
 the ``nodes`` best nodes of everything seen form the tree.  Greedy trees take each expanded node's
-``width`` likeliest children.  Sampled trees (T > 0) *draw* them: ``width`` draws without replacement
-from the warped draft distribution q of the node (Gumbel-top-k: the order of the keys ``q / E``, E ~
-Exp(1), is the order of successive draws without replacement), scored by the warped log q.  Every draw
+``width`` likeliest children.  Sampled trees (T > 0) *draw* them: ``width`` successive draws without
+replacement from the warped draft distribution q of the node (`draw_without_replacement`: one uniform and
+an inverse-CDF lookup per draw), scored by the warped log q.  Every draw
 stays a candidate of its parent in draw order (`Candidates`), also the ones the final selection leaves
 out of the tree: the multi-candidate acceptance rule (`deepspec.decoding.tree_accept`) tests them all.
 
@@ -32,9 +32,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Tuple
 
+import numpy as np
 import torch
 
-__all__ = ["Candidates", "DraftTree", "draft_tree", "empty_tree", "grow_tree", "select_rows"]
+__all__ = ["Candidates", "DraftTree", "draft_tree", "draw_without_replacement", "empty_tree", "grow_tree",
+           "select_rows"]
 
 Expand = Callable[[int, torch.Tensor, Any], Tuple[torch.Tensor, Any]]
 
@@ -102,17 +104,43 @@ def _top_children(logits: torch.Tensor, width: int):
     return rows, top_j.cpu().reshape(-1), top_lp.reshape(-1), None
 
 
+def draw_without_replacement(q: torch.Tensor, w: int, generator=None) -> List[List[int]]:
+    """Per row of ``q`` [R, M]: up to ``w`` successive draws without replacement, in draw order (fewer where
+    the row has fewer tokens of positive mass).  Each draw is the inverse CDF of a uniform over the mass the
+    earlier draws left: u · (1 − Σ q(earlier)), mapped through the row's cumulative sum with the earlier
+    draws' intervals skipped — exactly q renormalised without them, at one uniform and O(log M) per draw."""
+    qd = q.detach().double().cpu()
+    cdf, qn = qd.cumsum(-1).numpy(), qd.numpy()
+    u = torch.rand(q.shape[0], w, generator=generator, dtype=torch.float64,
+                   device=generator.device if generator is not None else "cpu").cpu().numpy()
+    out = []
+    for r in range(q.shape[0]):
+        drawn: List[int] = []
+        for j in range(w):
+            rest = cdf[r, -1] - sum(qn[r, d] for d in drawn)
+            if rest <= 1e-12:
+                break
+            x = u[r, j] * rest
+            for d in sorted(drawn):                    # skip the earlier draws' intervals, left to right
+                if x >= cdf[r, d] - qn[r, d]:
+                    x += qn[r, d]
+            t = int(np.searchsorted(cdf[r], x, side="right"))
+            if t >= q.shape[1] or qn[r, t] <= 0 or t in drawn:     # rounding at the very top of the CDF
+                t = next(i for i in np.flatnonzero(qn[r] > 0)[::-1] if i not in drawn)
+            drawn.append(t)
+        out.append(drawn)
+    return out
+
+
 def _drawn_children(logits: torch.Tensor, width: int, warp, generator):
     """Sampled: ``width`` draws without replacement per row from q = warp(logits), in draw order (rows,
     columns, log q, q [R, M]).  Rows whose q has fewer than ``width`` tokens give fewer draws."""
     q = warp(logits).float()
-    w = min(width, q.shape[-1])
-    e = torch.empty_like(q).exponential_(generator=generator).clamp_min_(1e-30)
-    top_j = (q / e).topk(w, dim=-1).indices                          # successive draws without replacement
-    qj = q.gather(-1, top_j)
-    valid = (qj > 0).reshape(-1).cpu()
-    rows = torch.arange(q.shape[0]).repeat_interleave(w)[valid]
-    return rows, top_j.reshape(-1).cpu()[valid], qj.log().reshape(-1).cpu()[valid], q
+    draws = draw_without_replacement(q, min(width, q.shape[-1]), generator)
+    rows = torch.tensor([r for r, ds in enumerate(draws) for _ in ds], dtype=torch.long)
+    cols = torch.tensor([c for ds in draws for c in ds], dtype=torch.long)
+    lq = q.cpu()[rows, cols].log()
+    return rows, cols, lq, q
 
 
 class _Pool:

@@ -45,6 +45,7 @@ import torch
 
 from .acceptance import residual_distribution
 from .tree import Candidates
+from .warp import sample_token
 
 __all__ = ["accept_tree_greedy", "accept_tree_sampling", "proposal_law"]
 
@@ -120,7 +121,7 @@ def accept_tree_sampling(cands: Candidates, target_probs: Callable[[int], torch.
                 break
             r = residual_distribution(r, qi)
         if accepted is None:
-            return path, int(torch.multinomial(r, 1, generator=generator).item())
+            return path, sample_token(r, generator)
         if nodes[accepted] < 0:                    # a draw the tree left out: it is the next token
             return path, toks[accepted]
         node = nodes[accepted]

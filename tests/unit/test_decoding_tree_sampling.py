@@ -117,3 +117,24 @@ def test_greedy_growth_is_unchanged_by_the_sampling_code():
     b = grow_tree(lambda k, toks, s: (logq[k, toks], s), 1, None, 3, 6, 2, warp=make_warp(0.0))
     assert a.candidates is None and b.candidates is None
     assert torch.equal(a.tokens, b.tokens) and torch.equal(a.parents, b.parents)
+
+
+def test_draw_without_replacement_and_sample_token_laws():
+    """The first two draws follow q(a)·q(b)/(1 − q(a)); a zero-mass token is never drawn; `sample_token`
+    follows its distribution (χ² over seeded draws)."""
+    from deepspec.decoding.tree import draw_without_replacement
+    from deepspec.decoding.warp import sample_token
+    g = torch.Generator().manual_seed(4)
+    q = torch.tensor([0.4, 0.25, 0.0, 0.2, 0.1, 0.05])
+    pairs = torch.zeros(6, 6)
+    for row in draw_without_replacement(q.expand(6000, -1), 3, g):
+        assert len(row) == 3 and 2 not in row and len(set(row)) == 3
+        pairs[row[0], row[1]] += 1
+    exact = q[:, None] * q[None, :] / (1 - q[:, None])
+    exact.fill_diagonal_(0)
+    assert chi_square_gof(pairs.reshape(-1), exact.reshape(-1))[2] > P_MIN
+    assert draw_without_replacement(torch.tensor([[0.0, 1.0, 0.0]]), 3, g) == [[1]]     # fewer draws than asked
+    counts = torch.zeros(6)
+    for _ in range(4000):
+        counts[sample_token(q * 3.0, g)] += 1                                            # unnormalised is fine
+    assert counts[2] == 0 and chi_square_gof(counts, q)[2] > P_MIN
