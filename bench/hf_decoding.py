@@ -72,8 +72,9 @@ def _row(runs, resamples: int, seed: int, reference: Optional[list] = None) -> D
 
 
 def _gen_kwargs(max_new_tokens: int, eos: List[int], T: float) -> Dict[str, Any]:
-    kw = dict(max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=eos[0], top_k=0, top_p=1.0)
-    kw.update(dict(do_sample=False, temperature=None) if T == 0 else dict(do_sample=True, temperature=float(T)))
+    kw = dict(max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=eos[0])
+    kw.update(dict(do_sample=False, temperature=None, top_k=None, top_p=None) if T == 0 else
+              dict(do_sample=True, temperature=float(T), top_k=0, top_p=1.0))
     return kw
 
 
