@@ -98,10 +98,11 @@ def check_engine_layout(cfg, target) -> None:
 @register_drafter("eagle3")
 class Eagle3Drafter(Drafter):
     drafts_trees = True
-    # `deepspec eval`'s default decoding (eval.decoding=auto): the parallel drafters' measured setting (a
-    # 16-node tree of width 8, prompt lookup n ≤ 3) until a trained Eagle3 is measured on the tuning prompts.
+    # `deepspec eval`'s default decoding (eval.decoding=auto): the parallel drafters' measured settings (16-node
+    # trees, width 8 greedy / 4 sampled, prompt lookup n ≤ 3) until a trained Eagle3 is measured on the tuning
+    # prompts (bench/decoding_table.py).
     decoding_defaults = {"greedy": {"tree_nodes": 16, "tree_width": 8, "lookup_ngram": 3},
-                         "sampled": {"tree_nodes": 16, "tree_width": 8, "lookup_ngram": 3}}
+                         "sampled": {"tree_nodes": 16, "tree_width": 4, "lookup_ngram": 3}}
     def __init__(self, target, cfg):
         super().__init__(target, cfg)
         cfg = self.cfg

@@ -63,7 +63,7 @@ def test_reduced_demo_end_to_end(tmp_path, reference_target_dir, eval_data_dir):
     assert lk["setup"]["policy"].startswith("tree(nodes=16, width=8, lookup=3..1")
     assert lk["greedy_check"]["compared"] == gc["compared"]
     # and the best sampled setting beside the best greedy one: the draft's default at T = 1
-    assert "| shipped (smollm2-135m-dspark), sampled T=1: tree(nodes=16, width=8, lookup=3..1), bf16 |" in out
+    assert "| shipped (smollm2-135m-dspark), sampled T=1: tree(nodes=16, width=4, lookup=3..1), bf16 |" in out
     smp = json.loads((report.parent.parent / "eval_shipped_sampled" / "results.json").read_text())
     assert smp["setup"]["warp"]["temperature"] == 1.0 and smp["setup"]["decoding_source"] == "drafter default"
     assert smp["greedy_check"] is None and smp["overall"]["tau"] >= 1.0
