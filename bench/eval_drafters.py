@@ -124,11 +124,10 @@ def select_drafters(curves: Sequence[str], runs: Sequence[str], only: Sequence[s
 
 def eval_config(run_yaml: Path, checkpoint: Path, out_dir: Path, overrides: Sequence[str]):
     """The training run's resolved config with ``eval.checkpoint``, ``eval.out_dir`` and the overrides."""
-    from omegaconf import OmegaConf
-    from deepspec.config import config_from_yaml, to_object
+    from deepspec.config import config_from_yaml, with_overrides
     cfg = config_from_yaml(run_yaml)
-    dots = [f"eval.checkpoint={checkpoint}", f"eval.out_dir={out_dir}", "eval.progress=false", *overrides]
-    return to_object(OmegaConf.merge(OmegaConf.structured(cfg), OmegaConf.from_dotlist(dots)))
+    return with_overrides(cfg, [f"eval.checkpoint={checkpoint}", f"eval.out_dir={out_dir}", "eval.progress=false",
+                                *overrides])
 
 
 # -- the evals, each in its own process ---------------------------------------------------------------

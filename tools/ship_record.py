@@ -93,7 +93,8 @@ def data_stats(cfg, run_dir: Path, target) -> Dict[str, Any]:
         path = resolve(cfg.data.regen_path) if cfg.data.regen_path else Path(run_dir) / "regen" / "regen.jsonl"
         seqs = OnlineSequences.from_jsonl(path, target, cfg.data.max_length)
         return {"path": path, "kind": "online data", "conversations": len(seqs), "tokens": sum(seqs.lengths()),
-                "answer_tokens": int(sum(sum(m) for _, m in seqs.samples)), "regen_sha256": None}
+                "answer_tokens": int(sum(sum(m) for _, m in seqs.samples)), "regen_sha256": None,
+                "sample_ids": seqs.sample_ids()}
     path = resolve(cfg.cache.dir) if cfg.cache.dir else Path(run_dir) / "cache"
     dirs = [(path, "cache.dir")] + [(resolve(d), f"cache.extra_dirs[{k}]") for k, d in enumerate(cfg.cache.extra_dirs)]
     for d, key in dirs:
@@ -103,9 +104,10 @@ def data_stats(cfg, run_dir: Path, target) -> Dict[str, Any]:
         reader.validate(target)
         st = reader.stats()
         shas = [(r.manifest.get("source") or {}).get("sha256") for r in getattr(reader, "readers", [reader])]
+        ids = [reader.sample_id(i) for i in range(len(reader))]
     return {"path": path, "kind": "cache" if len(dirs) == 1 else f"union of {len(dirs)} caches",
             "conversations": st["samples"], "tokens": st["tokens"], "answer_tokens": st["loss_tokens"],
-            "regen_sha256": shas[0] if len(shas) == 1 else shas}
+            "regen_sha256": shas[0] if len(shas) == 1 else shas, "sample_ids": ids}
 
 
 def heldout_split(cfg, data: Mapping[str, Any], meta: Mapping[str, Any]) -> Tuple[str, int]:
@@ -113,12 +115,13 @@ def heldout_split(cfg, data: Mapping[str, Any], meta: Mapping[str, Any]) -> Tupl
     from deepspec.train.data import split_heldout
     tc = cfg.train
     n = int(data["conversations"])
-    train, held = split_heldout(n, tc.heldout_fraction, cfg.data.split_seed)
+    frac = cfg.data.heldout_fraction
+    train, held = split_heldout(data["sample_ids"], frac, cfg.data.split_seed)
     want = meta.get("num_train_sequences")
     if want is not None and int(want) != len(train):
         raise ShipError(f"{data['path']}: {n} sequences split into {len(train)} train + {len(held)} held out, but "
                         f"the checkpoint trained on {want}: the data changed since training")
-    text = (f"{tc.heldout_fraction * 100:g}% of the {data['kind']} (train.heldout_fraction={tc.heldout_fraction:g}, "
+    text = (f"{frac * 100:g}% of the {data['kind']} by id hash (data.heldout_fraction={frac:g}, "
             f"data.split_seed={cfg.data.split_seed}): {len(held)} sequences")
     scored = len(held)
     if tc.eval_max_sequences and len(held) > tc.eval_max_sequences:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Literal, Optional
 
 
 @dataclass
@@ -18,8 +18,8 @@ class TargetConfig:
     # layer i = HF ``hidden_states[i + 1]``). ``None`` picks evenly spaced layers.
     layer_ids: Optional[List[int]] = None
     num_feature_layers: int = 5
-    # auto = bf16 on GPUs, fp32 on CPUs; or bfloat16 | float16 | float32.
-    dtype: str = "auto"
+    # auto = bf16 on GPUs, fp32 on CPUs; or bfloat16 | float16 | float32 (bf16 | fp16 | fp32 alike).
+    dtype: Literal["auto", "bfloat16", "float16", "float32", "bf16", "fp16", "fp32"] = "auto"
     device: str = "auto"
     trust_remote_code: bool = False
     # Chat template switches (e.g. Qwen3 ``enable_thinking``); None = template default.

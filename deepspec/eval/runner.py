@@ -31,7 +31,7 @@ import torch
 from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
-from ..config import save_config
+from ..config import as_node, save_config
 from ..paths import eval_dir
 from ..targets import load_target
 from ..targets.chat import encode_prompt
@@ -272,8 +272,7 @@ def _clean(x):
 
 
 def _config_dict(cfg) -> Dict[str, Any]:
-    node = cfg if not hasattr(cfg, "__dataclass_fields__") else OmegaConf.structured(cfg)
-    return OmegaConf.to_container(node, resolve=True)
+    return OmegaConf.to_container(as_node(cfg), resolve=True)
 
 
 def fingerprint(cfg, benches: Mapping[str, Sequence[Sample]]) -> str:

@@ -7,7 +7,7 @@ the final checkpoint on the same prompts (`deepspec.eval.runner.run`), and repor
 ``6 + 2·H·(L+1)`` and the codec's reconstruction error.
 
 Eval τ on a few prompts is noisy (a handful of rounds decide it).  With
-``train.heldout_fraction > 0`` the gate also scores every codec's drafter teacher-forced on
+``data.heldout_fraction > 0`` the gate also scores every codec's drafter teacher-forced on
 the same held-out sequences (never trained on) read from the FIRST codec's cache — the
 lossless features a serving engine would feed it — as ``heldout``: expected τ and
 per-position acceptance over thousands of positions, paired across codecs.  Writes ``gate.json`` and
@@ -97,7 +97,7 @@ def run(cfg, codecs: Sequence[str] = ("bf16", "fp8", "lowrank"), regen_path: Uni
     specs = [parse_codec(s) for s in codecs]
     if not specs:
         raise CacheError("gate: no codec given")
-    if target is None and cfg.train.heldout_fraction and cfg.train.heldout_fraction > 0:
+    if target is None and cfg.data.heldout_fraction > 0:
         target = load_target(cfg.target)   # once, for every codec's held-out scoring
     rows: List[Dict[str, Any]] = []
     for name, over, label in specs:
@@ -154,11 +154,11 @@ def run(cfg, codecs: Sequence[str] = ("bf16", "fp8", "lowrank"), regen_path: Uni
 def _heldout_on(cache_dir, cfg, ckpt, target) -> Optional[Dict[str, Any]]:
     """Teacher-forced metrics of ``ckpt`` on the held-out split of ``cache_dir`` (one batch)."""
     tc = cfg.train
-    if not tc.heldout_fraction or tc.heldout_fraction <= 0:
+    if cfg.data.heldout_fraction <= 0:
         return None
     reader = CacheReader(cache_dir)
-    source = CachedSequences(reader, tc.max_length)
-    _, held = split_heldout(len(source), tc.heldout_fraction, cfg.data.split_seed)
+    source = CachedSequences(reader, cfg.data.max_length)
+    _, held = split_heldout(source.sample_ids(), cfg.data.heldout_fraction, cfg.data.split_seed)
     if not held:
         return None
     drafter = load_drafter(ckpt, target)

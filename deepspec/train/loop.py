@@ -83,7 +83,7 @@ class Trainer:
         # -- data ---------------------------------------------------------------------------------
         self.online = bool(cfg.data.online)
         self.source, self.features = self._build_source()
-        self.train_idx, self.heldout_idx = split_heldout(len(self.source), tc.heldout_fraction,
+        self.train_idx, self.heldout_idx = split_heldout(self.source.sample_ids(), cfg.data.heldout_fraction,
                                                          cfg.data.split_seed)
         if self.drafter.draft_vocab is not None:
             install_draft_vocab(self.drafter, self.source, self.train_idx, self.target, self.cfg.draft.init_from,
@@ -133,8 +133,7 @@ class Trainer:
         cfg = self.cfg
         if self.online:
             # the same samples and lengths as a cache built from this JSONL, then cut like it
-            source = OnlineSequences.from_jsonl(paths.regen_path(cfg), self.target, cfg.data.max_length,
-                                                crop=cfg.train.max_length)
+            source = OnlineSequences.from_jsonl(paths.regen_path(cfg), self.target, cfg.data.max_length)
             dtype = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "native": None,
                      "float32": torch.float32}.get(cfg.train.online_feature_dtype, "bad")
             if dtype == "bad":
@@ -151,7 +150,7 @@ class Trainer:
                 raise FileNotFoundError(f"cache.extra_dirs[{k}]={d}: no such cache directory")
         reader = open_caches([cache_dir, *cfg.cache.extra_dirs])
         reader.validate(self.target)
-        return CachedSequences(reader, cfg.train.max_length), None
+        return CachedSequences(reader, cfg.data.max_length), None
 
 
     def _banner(self) -> str:

@@ -147,7 +147,7 @@ def test_short_training_run_from_the_cache_cpu_vs_cuda(tmp_path):
                 f"data.regen_path={tmp_path / 'regen.jsonl'}", "data.max_length=96", f"cache.dir={tmp_path / 'cache'}",
                 "train.strategy=single", "train.global_batch_sequences=4", "train.micro_batch_sequences=2",
                 "train.anchors_per_sequence=6", "train.max_steps=3", "train.save_every=0", "train.eval_every=0",
-                "train.heldout_fraction=0", "train.bf16=false", "train.max_length=80", "train.tensorboard=false"]
+                "data.heldout_fraction=0", "train.bf16=false", "train.tensorboard=false"]
     build_cache(load_config(ov(tmp_path / "prep", "cpu")), progress=False)
     losses = {}
     for device in ("cpu", "cuda"):

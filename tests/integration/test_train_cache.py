@@ -34,7 +34,7 @@ def overrides(tmp_path, **extra):
           "cache.dir": str(tmp_path / "cache"), "cache.shard_samples": 8,
           "train.strategy": "single", "train.global_batch_sequences": 4, "train.micro_batch_sequences": 2,
           "train.anchors_per_sequence": 6, "train.max_steps": 3, "train.save_every": 0, "train.eval_every": 3,
-          "train.heldout_fraction": 0.2, "train.bf16": False, "train.max_length": 80}
+          "data.heldout_fraction": 0.2, "train.bf16": False}
     kw.update(extra)
     return [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in kw.items()]
 
@@ -53,9 +53,8 @@ def cached(tmp_path_factory):
 def test_same_batch_same_loss_cached_and_online(cached):
     tmp, cfg, target = cached
     reader = CacheReader(tmp / "cache")
-    cache_src = CachedSequences(reader, cfg.train.max_length)
-    online_src = OnlineSequences.from_jsonl(tmp / "regen.jsonl", target, cfg.data.max_length,
-                                            crop=cfg.train.max_length)
+    cache_src = CachedSequences(reader, cfg.data.max_length)
+    online_src = OnlineSequences.from_jsonl(tmp / "regen.jsonl", target, cfg.data.max_length)
     assert len(online_src) == len(cache_src)
     assert [reader.sample_id(i) for i in range(len(reader))] == online_src.ids
     items = [(0, i) for i in (0, 3, 5, 8)]
@@ -118,8 +117,8 @@ def test_draft_vocabulary_selected_from_the_training_split(cached):
         ckpts[mode] = run(load_config(overrides(tmp, run_dir=str(tmp / mode), **{"draft.vocab_size": N},
                                                 **extra)))
     reader = CacheReader(tmp / "cache")
-    src = CachedSequences(reader, cfg.train.max_length)
-    train_idx, _ = split_heldout(len(src), cfg.train.heldout_fraction, cfg.data.split_seed)
+    src = CachedSequences(reader, cfg.data.max_length)
+    train_idx, _ = split_heldout(src.sample_ids(), cfg.data.heldout_fraction, cfg.data.split_seed)
     expected = select_top(count_answer_tokens((src.tokens(i) for i in train_idx), target.vocab_size), N,
                           always=target.eos_token_ids)
     for mode, ckpt in ckpts.items():

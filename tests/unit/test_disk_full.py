@@ -208,7 +208,7 @@ def _train_overrides(run_dir: Path, regen: Path):
           "data.online": "true", "data.regen_path": str(regen), "run_dir": str(run_dir),
           "train.global_batch_sequences": 4, "train.micro_batch_sequences": 2, "train.anchors_per_sequence": 8,
           "train.max_steps": 4, "train.save_every": 2, "train.eval_every": 0, "train.bf16": "false",
-          "train.heldout_fraction": 0.2, "train.warmup_ratio": 0.25, "train.keep_last": 0,
+          "data.heldout_fraction": 0.2, "train.warmup_ratio": 0.25, "train.keep_last": 0,
           "train.strategy": "single"}
     return [f"{k}={v}" for k, v in kw.items()]
 
