@@ -43,7 +43,8 @@ class DraftConfig:
     # hidden×head_rank map (saves (V − hidden)·head_rank parameters; not exportable to the engines).
     head_embedding: Literal["table", "target"] = "table"
     confidence_head: bool = True
-    # Token id used for the mask slots; None = tokenizer pad/unk/eos in that order.
+    # Token id used for the mask slots; None = one that is never a real token: a reserved/unused token,
+    # else a spare embedding row, else an unused added special token (deepspec/targets/mask_token.py).
     mask_token_id: Optional[int] = None
     # Eagle3: training-time-test horizon.
     ttt_steps: int = 7

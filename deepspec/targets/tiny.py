@@ -69,6 +69,11 @@ _EOS = {"llama": "<|eot_id|>", "qwen3": "<|im_end|>", "gemma3": "<end_of_turn>",
         "qwen2": "<|im_end|>", "mistral": "<|eot_id|>"}
 _PAD = {"llama": "<pad>", "qwen3": "<|endoftext|>", "gemma3": "<pad>", "qwen2": "<|endoftext|>",
         "mistral": "<pad>"}
+# One token that never occurs in text, in the family's style, appended after training (the mask token
+# of parallel drafts, deepspec/targets/mask_token.py): Llama 3 reserved tokens, Gemma unused tokens,
+# an added Qwen special token the chat template does not write.
+_UNUSED = {"llama": "<|reserved_special_token_0|>", "mistral": "<|reserved_special_token_0|>",
+           "gemma3": "<unused0>", "qwen3": "<|box_start|>", "qwen2": "<|box_start|>"}
 
 
 @lru_cache(maxsize=None)
@@ -87,6 +92,7 @@ def tiny_tokenizer(family: str, vocab_size: int = 512):
         raise ValueError(f"unknown tiny family {family!r}; choose from {FAMILIES}")
     tk = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(_tokenizer_json(family, vocab_size)),
                                  eos_token=_EOS[family], pad_token=_PAD[family])
+    tk.add_special_tokens({"additional_special_tokens": [_UNUSED[family]]})
     tk.chat_template = _TEMPLATES[family]
     return tk
 
