@@ -23,6 +23,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from deepspec.cache.manifest import layer_positions
 from deepspec.data.split import is_heldout
 from deepspec.targets.chat import ChatTemplateError
 
@@ -41,10 +42,13 @@ class CachedSequences:
 
     has_features = True
 
-    def __init__(self, reader, max_length: Optional[int] = None):
+    def __init__(self, reader, max_length: Optional[int] = None, layer_ids: Optional[Sequence[int]] = None):
+        """``layer_ids``: a subset of the cache's layers to read (None = all of them, in cache order)."""
         self.reader = reader
         self.max_length = max_length
         self._lengths: Optional[List[int]] = None
+        pos = None if layer_ids is None else layer_positions(reader.layer_ids, layer_ids)
+        self._layers = None if pos == list(range(len(reader.layer_ids))) else pos
 
     def __len__(self) -> int:
         return len(self.reader)
@@ -57,8 +61,11 @@ class CachedSequences:
     def __getitem__(self, i: int) -> Dict[str, torch.Tensor]:
         s = self.reader[int(i)]
         n = s["input_ids"].shape[0] if not self.max_length else min(s["input_ids"].shape[0], self.max_length)
+        feats = s["features"][:n]
+        if self._layers is not None:    # [n, L·H] → the chosen layers' slices, in the drafter's order
+            feats = feats.view(n, len(self.reader.layer_ids), -1)[:, self._layers].reshape(n, -1)
         out = {"input_ids": s["input_ids"][:n].long(), "loss_mask": s["loss_mask"][:n].bool(),
-               "features": s["features"][:n], "last_hidden": s["last_hidden"][:n]}
+               "features": feats, "last_hidden": s["last_hidden"][:n]}
         if "target_lse" in s:
             out["target_lse"] = s["target_lse"][:n]
         return out

@@ -149,8 +149,8 @@ class Trainer:
             if not Path(d).is_dir():
                 raise FileNotFoundError(f"cache.extra_dirs[{k}]={d}: no such cache directory")
         reader = open_caches([cache_dir, *cfg.cache.extra_dirs])
-        reader.validate(self.target)
-        return CachedSequences(reader, cfg.data.max_length), None
+        reader.validate(self.target, layer_subset=True)   # e.g. a 3-layer Eagle3 from a 5-layer cache
+        return CachedSequences(reader, cfg.data.max_length, self.target.layer_ids), None
 
 
     def _banner(self) -> str:

@@ -169,3 +169,27 @@ def test_training_on_a_union_of_two_caches_equals_one_cache_of_both(cached):
     _same_trajectory(tmp / "union", tmp / "whole")
     with pytest.raises(FileNotFoundError, match=r"cache.extra_dirs\[0\]"):
         run(load_config(overrides(tmp, run_dir=str(tmp / "missing"), **{"cache.extra_dirs": f"[{tmp / 'nope'}]"})))
+
+
+def test_training_reads_a_subset_of_the_cached_layers(cached):
+    """A drafter over fewer target layers (e.g. a 3-layer EAGLE-3 from a 5-layer cache) trains from the same
+    cache: its features are the chosen layers' slices, equal to what the target captures for those layers."""
+    tmp, cfg, target = cached
+    reader = CacheReader(tmp / "cache")
+    full = list(reader.layer_ids)
+    assert len(full) == 2
+    sub = load_target(load_config(overrides(tmp, **{"target.layer_ids": f"[{full[1]}]"})).target)
+    src = CachedSequences(reader, cfg.data.max_length, sub.layer_ids)
+    items = [(0, i) for i in (1, 4)]
+    b_cache = build_micro_batch(src, items, 6, seed=0)
+    online = OnlineSequences.from_jsonl(tmp / "regen.jsonl", sub, cfg.data.max_length)
+    b_online = OnlineFeatures(sub)(build_micro_batch(online, items, 6, seed=0))
+    assert b_cache["features"].shape[-1] == sub.feature_dim == reader.feature_dim // 2
+    torch.testing.assert_close(b_cache["features"].float(), b_online["features"].float(), atol=0.02, rtol=0.01)
+    ckpt = run(load_config(overrides(tmp, run_dir=str(tmp / "subset"), **{"target.layer_ids": f"[{full[1]}]",
+                                                                       "draft.algorithm": "eagle3"})))
+    assert ckpt.is_dir()
+    other = next(i for i in range(4) if i not in full)       # the tiny target has 4 layers
+    with pytest.raises(CacheMismatchError, match="layer_ids"):
+        run(load_config(overrides(tmp, run_dir=str(tmp / "not_subset"),
+                                  **{"target.layer_ids": f"[{min(full[0], other)},{max(full[0], other)}]"})))
