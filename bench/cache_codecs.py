@@ -40,7 +40,7 @@ from deepspec.cache import CacheReader  # noqa: E402
 from deepspec.cache.codecs import BF16Codec  # noqa: E402
 from deepspec.cache.format import raw_bytes_per_token  # noqa: E402
 from deepspec.config import load_config  # noqa: E402
-from deepspec.prepare import build_cache  # noqa: E402
+from deepspec.cache.writer import build_cache  # noqa: E402
 
 
 def sharegpt_conversations(n: int, skip: int = 0):

@@ -7,7 +7,7 @@ and τ of the same drafter trained on each cache.  Not a test: numbers depend on
 
 Regeneration uses `deepspec.prepare.regenerate` (embedded HF engine, greedy,
 --regen-tokens new tokens per assistant turn) on the first --n ShareGPT records.  Then
-`deepspec.experiments.gate.run` builds one cache per codec from that JSONL, trains the same dspark
+`deepspec.plan.gate.run` builds one cache per codec from that JSONL, trains the same dspark
 drafter with the same seed for --steps steps on each and evaluates each final checkpoint
 greedily on the same --prompts prompts of --benchmarks.  Writes
 bench/results/cache_gate.json (+ .md) and keeps the work tree under --work.
@@ -54,7 +54,7 @@ def main() -> int:
     import torch
     torch.set_num_threads(args.threads)
     from deepspec.config import load_config
-    from deepspec.experiments.gate import format_markdown, run
+    from deepspec.plan.gate import format_markdown, run
 
     work = Path(args.work)
     if args.fresh and work.exists():

@@ -17,7 +17,7 @@ sys.path.insert(0, str(REPO))
 from bench.records import record_path  # noqa: E402
 from deepspec.cache import CacheReader, get_codec  # noqa: E402
 from deepspec.cache.codecs import encode_array  # noqa: E402
-from deepspec.cache.codec_error import reconstruction_error  # noqa: E402
+from deepspec.cache.reconstruction import reconstruction_error  # noqa: E402
 
 SPECS = ["bf16", "fp8", "lowrank:64", "lowrank:32", "lowrank:64:fp8", "lowrank:128", "fp8:lhfp8",
          "lowrank:64:fp8:lhfp8"]

@@ -131,11 +131,11 @@ def main() -> int:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     if not args.regen:
-        from deepspec.prepare.synthetic import write_regen_jsonl
+        from tests.support.synthetic import write_regen_jsonl
         args.regen = str(write_regen_jsonl(work / "regen.jsonl", 32, seed=0, max_words=80))
     import torch
     torch.set_num_threads(args.threads)
-    from deepspec.prepare import build_cache
+    from deepspec.cache.writer import build_cache
     from deepspec.config import load_config
     t0 = time.perf_counter()
     build_cache(load_config(overrides(args, work, "cached")), progress=False)

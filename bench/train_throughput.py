@@ -89,8 +89,8 @@ def launch(args, spec: dict, tag: str, world: int) -> dict:
 
 def prepare(args) -> None:
     """Synthetic regen JSONL + its cache for the target (reused across invocations)."""
-    from deepspec.prepare import build_cache
-    from deepspec.prepare.synthetic import write_regen_jsonl
+    from deepspec.cache.writer import build_cache
+    from tests.support.synthetic import write_regen_jsonl
     from deepspec.config import load_config
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..config import DeepSpecConfig, save_config
 from ..paths import cache_dir, regen_path, run_dir
-from .build import build_cache
+from ..cache.writer import build_cache
 from .regen import regenerate
 
 log = logging.getLogger(__name__)

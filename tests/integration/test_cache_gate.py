@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from deepspec.experiments.gate import parse_codec, run
+from deepspec.plan.gate import parse_codec, run
 from deepspec.config import load_config
 
 pytestmark = pytest.mark.integration

@@ -11,9 +11,10 @@ import torch
 from deepspec.cache import CacheCorruptError, CacheError, CacheMismatchError, CacheReader
 from deepspec.cache import cli
 from deepspec.cache.format import INDEX, MANIFEST, SCHEMA_META_KEY, sha256_file, shard_name, sidecar_name
-from deepspec.prepare import build_cache, finalize_cache
-from deepspec.prepare.samples import capture_batch, length_batches, pad_token_id, tokenize_records
-from deepspec.prepare.synthetic import write_regen_jsonl
+from deepspec.cache.writer import build_cache
+from deepspec.cache.finalize import finalize_cache
+from deepspec.cache.capture import capture_batch, length_batches, pad_token_id, tokenize_records
+from tests.support.synthetic import write_regen_jsonl
 from deepspec.config import load_config
 from deepspec.targets import TargetAdapter, load_target
 

@@ -41,7 +41,7 @@ from ..data import DataError, fallback_id, iter_jsonl, iter_source, record_to_co
 from ..data.sources import column_mapping
 from ..data.vocab import REPORT_SIZES, count_answer_tokens, coverage, select_top, top_coverage
 from ..drafts.registry import count_trainable_parameters
-from ..prepare.build import encode_threads
+from ..cache.writer import encode_threads
 from ..targets import load_target
 from .probes import encode_conversations, probe_capture, probe_decode, probe_train
 
