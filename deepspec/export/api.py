@@ -21,7 +21,7 @@ from . import schemas
 from .card import model_card
 from .common import (CONFIG_NAME, PROVENANCE_NAME, WEIGHTS_NAME, ExportResult, check_output_dir, find_results,
                      has_target_source, load_target_for, read_checkpoint, read_results, write_json)
-from .vocab_setup import VOCAB_FILE, find_vocab_file, read_tensors
+from .draft_vocab import VOCAB_FILE, find_vocab_file, read_tensors
 from .engine_formats import ENGINE_FORMATS, Plan, target_blockers, verifier_name
 from .errors import ExportError, ExportUnsupported
 from .importers import detect_format, import_engine

@@ -43,7 +43,7 @@ from ..targets import load_target
 from ..targets.chat import encode_chat, encode_prompt
 from .common import (CONFIG_NAME, PROVENANCE_NAME, RUN_YAML, WEIGHTS_NAME, Checkpoint, resolve_target_config,
                      target_overrides)
-from .vocab_setup import find_vocab_file, lm_head_rows, read_mapping, read_tensors
+from .draft_vocab import find_vocab_file, lm_head_rows, read_mapping, read_tensors
 from .errors import ExportError
 from .registry import exporter_for
 

@@ -55,7 +55,7 @@ import torch
 
 from ..config.draft import DraftConfig
 from . import mapping, schemas
-from .vocab_setup import draft_ids, engine_vocab_tensors, ids_from_engine, lm_head_rows, place, without_vocab_keys
+from .draft_vocab import draft_ids, engine_vocab_tensors, ids_from_engine, lm_head_rows, place, without_vocab_keys
 from .engine_formats import ENGINE_FORMATS, ENGINE_NAMES, Plan, dtype_name, layer_config, speculators_block
 from .errors import ExportUnsupported, ImportUnsupported
 from .importers import build_and_load, check_sizes

@@ -171,21 +171,7 @@ def estimate(cfg, target=None, prompts_path=None, sample_records: int = 256, pro
     """Measure and extrapolate (see the module doc).  Probe sizes default to 2048 captured
     tokens, 16 decode steps at batch 8 on an accelerator and 384 / 4 / 2 on a CPU."""
     notes: List[str] = []
-    regen = paths.regen_path(cfg)
-    heldout = 0.0
-    if prompts_path is None and regen.is_file():
-        source = f"regen {regen}"
-        n, exact = _count_lines(regen), True
-        convs = _regen_sample(regen, sample_records)
-    else:
-        pp = Path(prompts_path) if prompts_path is not None else None
-        source = f"prompts {pp}" if pp else f"data.source={cfg.data.source}"
-        convs, n, exact = _source_sample(cfg, pp, sample_records, count_seconds)
-        heldout = float(cfg.data.heldout_fraction)
-        if not exact:
-            notes.append(f"record count stopped after {count_seconds:.0f} s: {n:,} is a lower bound")
-        notes.append(f"raw prompts: original answers stand in for regenerated ones; "
-                     f"{heldout:.0%} held out")
+    source, convs, n, exact = _sample(cfg, prompts_path, sample_records, count_seconds, notes)
     if not convs:
         raise SystemExit(f"deepspec plan: no readable conversations in {source}")
     if target is None:
@@ -201,7 +187,7 @@ def estimate(cfg, target=None, prompts_path=None, sample_records: int = 256, pro
     ok = [it for it in items if it is not None]
     if not ok:
         raise SystemExit("deepspec plan: no sampled conversation has assistant tokens within data.max_length")
-    records = n * (1.0 - heldout)
+    records = float(n)          # every conversation is regenerated and cached (held-out ones too)
     keep = len(ok) / len(items)
     mean_t = float(np.mean([len(i) for i, _ in ok]))
     mean_l = float(np.mean([sum(m) for _, m in ok]))
@@ -228,35 +214,55 @@ def estimate(cfg, target=None, prompts_path=None, sample_records: int = 256, pro
     plan.cache_bytes = total_tokens * bpt
     enc_tps = enc_mbs * 1e6 / (2 * H * (L + 1))
     plan.capture_s = total_tokens / min(cap_tps, enc_tps * encode_threads(cfg, 1))
-    # regeneration probe
+    _probe_regeneration(plan, target, ok, records * keep * mean_l, decode_steps, decode_batch)
+    if train_probe:
+        _probe_training(plan, cfg, target, ok, captured, records * keep)
+    return plan
+
+
+def _sample(cfg, prompts_path, sample_records: int, count_seconds: float, notes: List[str]):
+    """(source label, sampled conversations, record count, whether exact): the regenerated conversations
+    when they exist, else the raw prompts (their original answers standing in)."""
+    regen = paths.regen_path(cfg)
+    if prompts_path is None and regen.is_file():
+        return f"regen {regen}", _regen_sample(regen, sample_records), _count_lines(regen), True
+    pp = Path(prompts_path) if prompts_path is not None else None
+    source = f"prompts {pp}" if pp else f"data.source={cfg.data.source}"
+    convs, n, exact = _source_sample(cfg, pp, sample_records, count_seconds)
+    if not exact:
+        notes.append(f"record count stopped after {count_seconds:.0f} s: {n:,} is a lower bound")
+    notes.append("raw prompts: original answers stand in for regenerated ones")
+    return source, convs, n, exact
+
+
+def _probe_regeneration(plan: Plan, target, ok, answer_tokens: float, decode_steps: int, decode_batch: int) -> None:
     log.info("plan: decode probe (%d steps at batch %d)", decode_steps, decode_batch)
     try:
         prompts = [i[: max(8, min(64, len(i)))] for i, _ in ok[:decode_batch]]
         plan.decode_batch = len(prompts)
         plan.decode_tok_s = probe_decode(target, prompts, decode_steps)
-        plan.regen_s = records * keep * mean_l / plan.decode_tok_s
-        notes.append(f"regeneration: HF greedy decode at batch {len(prompts)}; a serving engine with larger "
-                     "batches is usually much faster")
+        plan.regen_s = answer_tokens / plan.decode_tok_s
+        plan.notes.append(f"regeneration: HF greedy decode at batch {len(prompts)}; a serving engine with larger "
+                          "batches is usually much faster")
     except Exception as e:  # pragma: no cover - depends on the target family
-        notes.append(f"regeneration probe failed: {type(e).__name__}: {e}")
-    # training probe
-    if train_probe:
-        log.info("plan: %s forward+backward probe", cfg.draft.algorithm)
-        try:
-            gamma, cap = int(cfg.draft.gamma), int(cfg.train.anchors_per_sequence)
-            plan.mean_anchors = float(np.mean([_valid_anchors(m, gamma, cap) for _, m in ok]))
-            plan.train_anchor_s = probe_train(target, cfg, captured)
-            epochs = int(cfg.train.epochs)
-            steps = cfg.train.max_steps
-            seqs = records * keep * epochs
-            if steps:
-                seqs = min(seqs, int(steps) * int(cfg.train.global_batch_sequences))
-            plan.train_s = seqs * plan.mean_anchors / plan.train_anchor_s
-            notes.append(f"training: {cfg.draft.algorithm} forward+backward, {plan.mean_anchors:,.0f} anchor blocks "
-                         f"per sequence (gamma {gamma}), {epochs} epochs on one device (divide by the GPUs)")
-        except Exception as e:
-            notes.append(f"training probe unavailable: {type(e).__name__}: {e}")
-    return plan
+        plan.notes.append(f"regeneration probe failed: {type(e).__name__}: {e}")
+
+
+def _probe_training(plan: Plan, cfg, target, ok, captured, sequences: float) -> None:
+    log.info("plan: %s forward+backward probe", cfg.draft.algorithm)
+    try:
+        gamma, cap = int(cfg.draft.gamma), int(cfg.train.anchors_per_sequence)
+        plan.mean_anchors = float(np.mean([_valid_anchors(m, gamma, cap) for _, m in ok]))
+        plan.train_anchor_s = probe_train(target, cfg, captured)
+        epochs = int(cfg.train.epochs)
+        seqs = sequences * epochs
+        if cfg.train.max_steps:
+            seqs = min(seqs, int(cfg.train.max_steps) * int(cfg.train.global_batch_sequences))
+        plan.train_s = seqs * plan.mean_anchors / plan.train_anchor_s
+        plan.notes.append(f"training: {cfg.draft.algorithm} forward+backward, {plan.mean_anchors:,.0f} anchor blocks "
+                          f"per sequence (gamma {gamma}), {epochs} epochs on one device (divide by the GPUs)")
+    except Exception as e:
+        plan.notes.append(f"training probe unavailable: {type(e).__name__}: {e}")
 
 
 def _draft_vocab(plan: Plan, cfg, target, answered) -> None:
