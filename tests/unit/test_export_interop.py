@@ -309,3 +309,8 @@ def test_smollm2_dspark_rnn_in_both_peers(reference_target_dir, tmp_path):
     assert_match_and_shift_fails(lambda s: speculators_blocks(m, ids, hs, s), ours)
     sf = specforge_dspark(root / "sglang")
     assert_match_and_shift_fails(lambda s: specforge_blocks(sf, target, ids, hs, s)[0], ours)
+    from deepspec.export.check import check_draft
+    for fmt in ("vllm", "sglang"):                # `deepspec check` on the exports: the mask token <empty_output>
+        report = check_draft(root / fmt, target)
+        assert report.ok, report.render()
+        assert "'<empty_output>'" in next(f.detail for f in report.findings if f.name == "mask token")
