@@ -116,15 +116,7 @@ def export_draft(ckpt_path, out, fmt: str, *, target_path: Optional[str] = None,
     res = read_results(res_path)
     tcfg = None
     exporter = exporter_for(ckpt.algorithm)
-    refused = None
-    if fmt != "hf":   # what the engine cannot run is refused before anything is written
-        with safe_open(str(ckpt.weights_path()), framework="pt") as f:
-            keys = list(f.keys())
-        try:
-            exporter.analyze(fmt, ckpt.algorithm, {**ckpt.draft, "_n_feature_layers": len(ckpt.layer_ids)}, keys,
-                             allow_drop_heads=allow_drop_heads)
-        except ExportUnsupported as e:
-            refused = e
+    refused = analysis(fmt, exporter, ckpt, allow_drop_heads) if fmt != "hf" else None
     if target is None and (fmt != "hf" or has_target_source(ckpt, target_path, overrides)):
         try:
             target, tcfg = load_target_for(ckpt, target_path, overrides)
@@ -185,6 +177,19 @@ def export_draft(ckpt_path, out, fmt: str, *, target_path: Optional[str] = None,
         write_json(tmp / PROVENANCE_NAME, provenance)
         result.files = sorted(p.name for p in tmp.iterdir())
     return result
+
+
+def analysis(fmt: str, exporter, ckpt, allow_drop_heads: bool) -> Optional[ExportUnsupported]:
+    """The exporter's refusal of the checkpoint in ``fmt`` (None if `Exporter.analyze` accepts it), read
+    from its config and weight names before anything is loaded or written."""
+    with safe_open(str(ckpt.weights_path()), framework="pt") as f:
+        keys = list(f.keys())
+    try:
+        exporter.analyze(fmt, ckpt.algorithm, {**ckpt.draft, "_n_feature_layers": len(ckpt.layer_ids)}, keys,
+                         allow_drop_heads=allow_drop_heads)
+    except ExportUnsupported as e:
+        return e
+    return None
 
 
 def refuse(fmt: str, exporter, mask_token_id, target, refused: Optional[ExportUnsupported] = None) -> None:
