@@ -216,10 +216,10 @@ def test_specforge_decoding_loop_gives_plain_greedy_tokens(tiny_dir, tmp_path):
             greedy = target.model.generate(ids, max_new_tokens=24, do_sample=False, eos_token_id=eos,
                                            pad_token_id=eos)
             spec = m.spec_generate(target.model, ids, max_new_tokens=24, stop_token_ids=[eos], temperature=0.0)
-        assert d_mask_absent(greedy, m.mask_token_id) and torch.equal(spec, greedy)
+        assert mask_absent(greedy, m.mask_token_id) and torch.equal(spec, greedy)
 
 
-def d_mask_absent(tokens: torch.Tensor, mask: int) -> bool:
+def mask_absent(tokens: torch.Tensor, mask: int) -> bool:
     """spec_generate drops every mask-token id from its output: the comparison needs greedy text without it."""
     return not bool((tokens == int(mask)).any())
 
