@@ -41,9 +41,10 @@ from ..config import ConfigError
 from ..data.vocab import VocabError, load_vocab
 from ..targets import load_target
 from ..targets.chat import encode_chat, encode_prompt
+from ..targets.mask_token import mask_token_problem, target_tokens
 from .common import (CONFIG_NAME, PROVENANCE_NAME, RUN_YAML, WEIGHTS_NAME, Checkpoint, resolve_target_config,
                      target_overrides)
-from .draft_vocab import find_vocab_file, lm_head_rows, read_mapping, read_tensors
+from .vocab_map import find_vocab_file, lm_head_rows, read_mapping, read_tensors
 from .errors import ExportError
 from .registry import exporter_for
 
@@ -121,7 +122,7 @@ def _recorded(path: Path) -> Dict[str, Any]:
                           f"(no {PROVENANCE_NAME}); engine checkpoints trained elsewhere record no target hashes")
     prov = json.loads(prov_path.read_text())
     engine_ids, mask = exporter_for(str(prov.get("algorithm"))).recorded_layer_ids(str(prov.get("format")), cfg)
-    return {"target": prov.get("target") or {}, "mask_token_id": mask,
+    return {"target": prov.get("target") or {}, "mask_token_id": mask, "format": prov.get("format"),
             "algorithm": prov.get("algorithm"), "run": run, "engine_layer_ids": engine_ids, "config": cfg,
             "source_checkpoint": prov.get("source_checkpoint")}
 
@@ -233,10 +234,13 @@ def check_draft(path, target, conversations: Optional[List[List[Dict[str, str]]]
                    saved=want_v, target=have_v)
     mask = rec.get("mask_token_id")
     if mask is not None:
-        report.add("mask token", 0 <= int(mask) < int(target.vocab_size),
-                   f"id {mask} ({target.tokenizer.convert_ids_to_tokens(int(mask))!r})"
-                   if 0 <= int(mask) < int(target.vocab_size) else
-                   f"id {mask} is outside the target vocabulary ({target.vocab_size})")
+        inside = 0 <= int(mask) < int(target.vocab_size)
+        problem = mask_token_problem(*_tokens(target, int(mask))) if inside else None
+        engine = rec.get("format") not in (None, "hf")     # engines stop a block at a stop token; deepspec does not
+        report.add("mask token", inside and not (engine and problem),
+                   (f"id {mask} ({target.tokenizer.convert_ids_to_tokens(int(mask))!r})"
+                    + (f"; {problem} before serving it with an engine" if problem else ""))
+                   if inside else f"id {mask} is outside the target vocabulary ({target.vocab_size})")
     _check_vocabulary(report, path, rec, target)
     train_kw = _training_template_kwargs(rec["run"], target)
     server_kw = dict(target.chat_template_kwargs) if server_template_kwargs is None else dict(server_template_kwargs)
@@ -256,6 +260,11 @@ def check_draft(path, target, conversations: Optional[List[List[Dict[str, str]]]
                        f"(id {d['server_id']}); the draft will see a context at serving that it never saw in "
                        f"training (template kwargs: training {train_kw}, server {server_kw})", **d)
     return report
+
+
+def _tokens(target, mask: int):
+    inventory, rows, stops = target_tokens(target)
+    return inventory, mask, rows, stops
 
 
 def _check_vocabulary(report: CheckReport, path: Path, rec: Dict[str, Any], target) -> None:

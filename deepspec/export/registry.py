@@ -36,6 +36,10 @@ class Exporter:
         ``draft``: the checkpoint's draft config, plus ``_n_feature_layers`` (the target layers it reads)."""
         raise ExportUnsupported(f"no {ENGINE_NAMES[fmt]} layout is known for draft algorithm {algorithm!r}")
 
+    def target_problems(self, fmt: str, mask_token_id: Optional[int], target) -> List[Tuple[str, str, str]]:
+        """(setting, fix, why) of what the draft's target-side choices (its mask token) break in ``fmt``."""
+        return []
+
     def engine_config(self, fmt: str, drafter, target, target_cfg, plan: Plan, dtype: torch.dtype) -> Dict[str, Any]:
         raise NotImplementedError
 

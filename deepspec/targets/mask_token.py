@@ -106,26 +106,41 @@ def choose_mask_token(inventory: TokenInventory, embedding_rows: int, stop_ids: 
                       "draft.mask_token_id to an id that never occurs in text and is not a stop token")
 
 
-def mask_token_problem(inventory: TokenInventory, token_id: int, embedding_rows: int,
-                       stop_ids: Iterable[int] = ()) -> Optional[str]:
-    """Why ``token_id`` is unfit as a served draft's mask token (None if it is fit)."""
+def mask_token_fault(inventory: TokenInventory, token_id: int, embedding_rows: int,
+                     stop_ids: Iterable[int] = ()) -> Optional[str]:
+    """What makes ``token_id`` unfit as a served draft's mask token (None if it is fit)."""
     token_id = int(token_id)
     stops = set(stop_ids) | _ids(inventory.special_ids.get("eos"))
     if not 0 <= token_id < int(embedding_rows):
-        what = f"outside the target's {embedding_rows} embedding rows"
-    elif token_id in stops:
-        what = f"a stop token ({inventory.name(token_id)!r}): engines stop a block at the first stop token"
-    elif token_id < inventory.size and token_id not in inventory.added:
-        what = "an ordinary vocabulary token: a masked slot reads like that token in text"
-    elif inventory.in_template(token_id) or token_id == inventory.special_ids.get("bos"):
-        what = f"written into every conversation ({inventory.name(token_id)!r} is in the chat template or BOS)"
-    else:
-        return None
+        return f"outside the target's {embedding_rows} embedding rows"
+    if token_id in stops:
+        return f"a stop token ({inventory.name(token_id)!r}): engines stop a block at the first stop token"
+    if token_id < inventory.size and token_id not in inventory.added:
+        return "an ordinary vocabulary token: a masked slot reads like that token in text"
+    if inventory.in_template(token_id) or token_id == inventory.special_ids.get("bos"):
+        return f"written into every conversation ({inventory.name(token_id)!r} is in the chat template or BOS)"
+    return None
+
+
+def suggested_mask_token(inventory: TokenInventory, embedding_rows: int, stop_ids: Iterable[int] = ()
+                         ) -> Optional[int]:
+    """The id `choose_mask_token` takes, or None when no token fits."""
     try:
-        fix = f"retrain with draft.mask_token_id={choose_mask_token(inventory, embedding_rows, stop_ids)[0]}"
+        return choose_mask_token(inventory, embedding_rows, stop_ids)[0]
     except ConfigError:
-        fix = "retrain with draft.mask_token_id set to an id that never occurs in text and is not a stop token"
-    return f"the mask token id {token_id} is {what}; {fix}"
+        return None
+
+
+def mask_token_problem(inventory: TokenInventory, token_id: int, embedding_rows: int,
+                       stop_ids: Iterable[int] = ()) -> Optional[str]:
+    """Why ``token_id`` is unfit as a served draft's mask token and the fix (None if it is fit)."""
+    fault = mask_token_fault(inventory, token_id, embedding_rows, stop_ids)
+    if fault is None:
+        return None
+    best = suggested_mask_token(inventory, embedding_rows, stop_ids)
+    fix = (f"retrain with draft.mask_token_id={best}" if best is not None else
+           "retrain with draft.mask_token_id set to an id that never occurs in text and is not a stop token")
+    return f"the mask token id {int(token_id)} is {fault}; {fix}"
 
 
 def target_tokens(target) -> Tuple[TokenInventory, int, Set[int]]:

@@ -130,7 +130,12 @@ def tiny_model(family: str, vocab_size: int, num_layers: int = 4, hidden_size: i
 def build_tiny(family: str, num_layers: int = 4, hidden_size: int = 64, vocab_size: int = 512, seed: int = 0):
     """(model, tokenizer) of a tiny random target of ``family``."""
     tok = tiny_tokenizer(family, vocab_size)
-    model = tiny_model(family, len(tok), num_layers, hidden_size, seed)
+    n = len(tok)
+    model = tiny_model(family, n, num_layers, hidden_size, seed)
+    # every weight but the appended unused token's rows is the draw of the trained vocabulary alone
+    drawn = tiny_model(family, n - 1, num_layers, hidden_size, seed).state_dict()
+    model.load_state_dict({k: torch.cat([drawn[k], v[n - 1:]]) if v.shape != drawn[k].shape else drawn[k]
+                           for k, v in model.state_dict().items()})
     model.generation_config.eos_token_id = tok.eos_token_id
     model.generation_config.pad_token_id = tok.pad_token_id
     return model, tok

@@ -91,9 +91,13 @@ def test_sglang_dspark_rnn_round_trip(target, tmp_path):
     export_draft(ckpt, tmp_path / "sg", "sglang", target=target, target_path=TINY)
     cfg = json.loads((tmp_path / "sg" / "config.json").read_text())
     assert validate(cfg, SCHEMAS["sglang_dspark"]) == [] and "speculators_model_type" not in cfg
-    assert cfg["architectures"] == ["Qwen3DSparkModel"]
-    assert cfg["dflash_config"] == {"block_size": 4, "mask_token_id": d.mask_token_id, "target_layer_ids": LAYER_IDS}
-    assert (cfg["num_target_layers"], cfg["markov_head_type"], cfg["hidden_size"]) == (4, "rnn", 64)
+    assert cfg["architectures"] == ["DSparkDraftModel"]         # SGLang's registry and SpecForge's both hold it
+    heads = {"markov_rank": 8, "markov_head_type": "rnn", "enable_confidence_head": True,
+             "confidence_head_with_markov": True}
+    assert cfg["dflash_config"] == {"block_size": 4, "mask_token_id": d.mask_token_id, "target_layer_ids": LAYER_IDS,
+                                    "attention_mode": "gqa", **heads}     # read by SGLang first, by SpecForge only
+    assert {k: cfg[k] for k in heads} == heads and cfg["block_size"] == 4     # SGLang builds its heads from these
+    assert (cfg["num_target_layers"], cfg["hidden_size"]) == (4, 64)
     w = load_file(str(tmp_path / "sg" / "model.safetensors"))
     assert w["markov_head.joint_proj.weight"].shape == (24, 2 * 8 + 64)
     back = import_draft(tmp_path / "sg", target)
@@ -109,7 +113,7 @@ def test_sglang_dspark_rnn_round_trip(target, tmp_path):
     torch.testing.assert_close(conf, ours["confidence"][0], atol=1e-4, rtol=1e-4)
 
 
-def test_headless_dflash_vllm_only(target, tmp_path):
+def test_headless_dflash_in_both_formats(target, tmp_path):
     from deepspec.drafts import load_drafter
     ckpt = _save(_trained(target, "dflash", seed=2).to(torch.bfloat16), tmp_path / "ckpt")    # bf16 checkpoint
     export_draft(ckpt, tmp_path / "v", "vllm", target=target, target_path=TINY)
@@ -118,24 +122,46 @@ def test_headless_dflash_vllm_only(target, tmp_path):
     assert (cfg["speculators_model_type"], cfg["markov_rank"], cfg["enable_confidence_head"]) == ("dspark", 0, False)
     assert cfg["sample_from_anchor"] is True and cfg["torch_dtype"] == "bfloat16"
     assert {t.dtype for t in load_file(str(tmp_path / "v" / "model.safetensors")).values()} == {torch.bfloat16}
+    trained = load_drafter(ckpt, target).eval()
     back = import_draft(tmp_path / "v", target)
     assert back.algorithm == "dflash"
-    _same_blocks(load_drafter(ckpt, target).eval(), back, target)
-    with pytest.raises(ExportUnsupported, match="markov_rank > 0"):
-        export_draft(ckpt, tmp_path / "sg", "sglang", target=target)
-    assert not (tmp_path / "sg").exists()
+    _same_blocks(trained, back, target)
+    # SGLang's DSpark needs markov_rank > 0: a rank-1 head of zeros adds exactly nothing
+    res = export_draft(ckpt, tmp_path / "sg", "sglang", target=target, target_path=TINY)
+    cfg = json.loads((tmp_path / "sg" / "config.json").read_text())
+    assert (cfg["markov_rank"], cfg["dflash_config"]["markov_rank"], cfg["enable_confidence_head"]) == (1, 1, False)
+    w = load_file(str(tmp_path / "sg" / "model.safetensors"))
+    assert not w["markov_head.markov_w1.weight"].any() and not w["markov_head.markov_w2.weight"].any()
+    assert any("rank-1 Markov head of zeros" in x for x in res.warnings)
+    back = import_draft(tmp_path / "sg", target)
+    assert back.algorithm == "dflash" and back.cfg.sequential_head == "none"
+    _same_blocks(trained, back, target)
 
 
-def test_rnn_head_to_vllm_refused_unless_dropped(target, tmp_path):
+def test_rnn_head_to_vllm_is_written_with_a_serving_note(target, tmp_path):
     d = _trained(target, "dspark", sequential_head="rnn", seed=3)
     ckpt = _save(d, tmp_path / "ckpt")
-    with pytest.raises(ExportUnsupported, match="allow-drop-heads"):
-        export_draft(ckpt, tmp_path / "v", "vllm", target=target)
-    assert not (tmp_path / "v").exists()
+    res = export_draft(ckpt, tmp_path / "v", "vllm", target=target, target_path=TINY)
+    assert not res.dropped and res.verified["reference_max_abs_diff"] < 1e-4
+    cfg = json.loads((tmp_path / "v" / "config.json").read_text())
+    assert (cfg["markov_rank"], cfg["markov_head_type"], cfg["enable_confidence_head"]) == (8, "rnn", True)
+    card = (tmp_path / "v" / "README.md").read_text()
+    assert "vLLM 0.34 serves the vanilla Markov head only" in card and "SGLang" in card
+    back = import_draft(tmp_path / "v", target)
+    assert back.cfg.sequential_head == "rnn"
+    _same_blocks(d, back, target)
+
+
+def test_confidence_head_without_sequential_head_refused_unless_dropped(target, tmp_path):
+    d = _trained(target, "dspark", sequential_head="none", seed=3)
+    ckpt = _save(d, tmp_path / "ckpt")
+    for fmt in ("vllm", "sglang"):
+        with pytest.raises(ExportUnsupported, match="draft.confidence_head=false") as e:
+            export_draft(ckpt, tmp_path / fmt, fmt, target=target)
+        assert "allow-drop-heads" in str(e.value) and not (tmp_path / fmt).exists()
     res = export_draft(ckpt, tmp_path / "v", "vllm", target=target, allow_drop_heads=True)
     assert res.dropped and "reimport_max_abs_diff" not in res.verified
-    card = (tmp_path / "v" / "README.md").read_text()
-    assert "[!WARNING]" in card and "RNN sequential head" in card
+    assert "[!WARNING]" in (tmp_path / "v" / "README.md").read_text()
     cfg = json.loads((tmp_path / "v" / "config.json").read_text())
     assert (cfg["markov_rank"], cfg["enable_confidence_head"]) == (0, False)
     assert not any(k.startswith(("markov_head", "confidence_head"))
@@ -215,8 +241,9 @@ def test_cli_export_exit_codes(target, tmp_path, capsys):
     tgt = ["--target-path", TINY, "target.dtype=float32", "--target", "layer_ids=[1,2]"]
     assert export_main(["--to", "sglang", str(ckpt), str(tmp_path / "sg"), *tgt]) == 0
     assert "self-check" in capsys.readouterr().out
-    assert export_main(["--to", "vllm", str(ckpt), str(tmp_path / "v"), *tgt]) == 3
-    assert "allow-drop-heads" in capsys.readouterr().err
+    ablation = _save(_trained(target, "dspark", anchor_feature=True), tmp_path / "ablation")
+    assert export_main(["--to", "vllm", str(ablation), str(tmp_path / "v"), *tgt]) == 3
+    assert "retrain with draft.anchor_feature=false" in capsys.readouterr().err.lower()
     assert export_main(["--to", "sglang", str(ckpt), str(tmp_path / "sg"), *tgt]) == 2     # exists, no --force
     assert "exists" in capsys.readouterr().err
 
@@ -317,3 +344,24 @@ def test_import_refuses_bad_vocabulary_maps(target, tmp_path, edited_draft, cfg_
     bad = edited_draft(tmp_path / "v", tmp_path / "bad", cfg_edit, w_edit)
     with pytest.raises(ImportUnsupported, match=needle):
         import_draft(bad, target)
+
+
+def test_engine_exports_refuse_a_mask_token_that_is_a_real_token(target, tmp_path):
+    """A mask token that is the end-of-turn token (engines stop a block at it) or an ordinary token is refused,
+    naming the id to retrain with; every setting at fault is named in one refusal."""
+    from deepspec.targets.mask_token import choose_mask_token, target_tokens
+    best = choose_mask_token(*target_tokens(target))[0]
+    eos = target.tokenizer.eos_token_id
+    for mask, needle in ((eos, "stop token"), (100, "ordinary vocabulary token")):
+        ckpt = _save(_trained(target, "dspark", mask_token_id=mask), tmp_path / f"m{mask}")
+        for fmt in ("vllm", "sglang"):
+            with pytest.raises(ExportUnsupported, match=needle) as e:
+                export_draft(ckpt, tmp_path / f"{fmt}{mask}", fmt, target=target)
+            assert f"Retrain with draft.mask_token_id={best} to export it" in str(e.value)
+            assert not (tmp_path / f"{fmt}{mask}").exists()
+        export_draft(ckpt, tmp_path / f"hf{mask}", "hf", target=target)        # our own engine takes any mask
+    both = _save(_trained(target, "dspark", mask_token_id=eos, anchor_feature=True), tmp_path / "both")
+    with pytest.raises(ExportUnsupported) as e:
+        export_draft(both, tmp_path / "v", "vllm", target=target)
+    assert f"Retrain with draft.anchor_feature=false draft.mask_token_id={best} to export it" in str(e.value)
+    assert {p[0] for p in e.value.problems} == {"draft.anchor_feature=true", f"draft.mask_token_id={eos}"}
