@@ -31,6 +31,38 @@ def test_repo_relative(bench_module, text, want):
     assert bench_module("records").repo_relative(text) == want
 
 
+def test_repo_relative_is_idempotent(bench_module):
+    rr = bench_module("records").repo_relative
+    for text in ("/x/checkout/bench/work/a", "/srv/shared/eval_datasets", "…/deepspec-pr41/deepspec"):
+        assert rr(rr(text)) == rr(text)
+
+
+def test_write_record_stores_repo_relative_paths(tmp_path, bench_module):
+    import json
+    rec = bench_module("records")
+    record = {**rec.header(), "run_dir": Path("/x/checkout/bench/work/c/a-10"),
+              "nested": [{"/x/checkout/runs/r/cache": "cache.dir=/x/checkout/runs/r/cache"}],
+              "data_dir": "/srv/shared/eval_datasets", "steps": 10}
+    record["command"] = "/x/checkout/.venv/bin/python bench/eval_drafters.py --work /x/checkout/bench/work/c"
+    out = rec.write_record(record, "eval_drafters", out=str(tmp_path / "r.json"),
+                           markdown="`/usr/bin/python3 bench/x.py --out /x/checkout/bench/results/r.json`")
+    got = json.loads(out.read_text())
+    assert got["command"] == ".venv/bin/python bench/eval_drafters.py --work bench/work/c"
+    assert got["run_dir"] == "bench/work/c/a-10" and got["steps"] == 10
+    assert got["nested"] == [{"runs/r/cache": "cache.dir=runs/r/cache"}]
+    assert got["data_dir"] == "…/eval_datasets"
+    assert got["machine"]["loadavg_end"] is not None or not hasattr(__import__("os"), "getloadavg")
+    assert out.with_suffix(".md").read_text() == "`python3 bench/x.py --out bench/results/r.json`\n"
+
+
+def test_committed_records_name_no_machine_directories():
+    bad = re.compile(r"(?<![\w.~:/…])/(work|tmp|root|home|usr|opt|srv)/")
+    for f in sorted((REPO / "bench" / "results").iterdir()):
+        if f.suffix in (".json", ".md"):
+            for i, line in enumerate(f.read_text().splitlines(), 1):
+                assert not bad.search(line), f"bench/results/{f.name}:{i}: {line.strip()[:120]}"
+
+
 def test_every_result_file_follows_the_scheme_and_belongs_to_a_script():
     name = re.compile(r"(?P<script>[a-z0-9_]+)(-[A-Za-z0-9_]+)?(\.[A-Za-z0-9_-]+)?\.(json|md|png)")
     for f in (REPO / "bench" / "results").iterdir():
