@@ -317,14 +317,13 @@ def main(argv=None) -> int:
     drafters = select_drafters(args.curve, args.run, args.only)
     pairs = parse_ratios(args.ratio, list(drafters))
     jobs = eval_jobs(args, drafters, work)
-    import torch
+    import torch  # noqa: F401  (loaded, so header() records its version and threads)
     record = header(label=args.label, args=vars(args), jobs=args.jobs, threads=args.threads,
                     eval_settings={"benchmarks": list(args.benchmarks), "max_samples": args.max_samples,
                                    "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
                                    "multi_turn": args.multi_turn, "data_dir": str(Path(args.data_dir).resolve()),
                                    "bootstrap_resamples": args.resamples, "seed": args.seed, "extra": list(args.extra)},
                     drafters=drafters)
-    record["machine"]["torch"] = torch.__version__
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         list(pool.map(lambda job: collect(args, job, drafters[job["label"]]), jobs))
     record["machine"]["loadavg_end"] = list(os.getloadavg())
