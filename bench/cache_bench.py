@@ -13,8 +13,8 @@ Modes, each with its record under `bench/results/`:
 - ``lossy-bytes`` (`cache_lossy_bytes.json`): bytes/token and held-out reconstruction error of every
   lossy codec variant, re-encoding the samples of an existing bf16 cache (no target forward);
   calibration on the first 2,048 tokens, errors on the rest.
-- ``gate`` (`cache_gate.{json,md}`): the cache-size gate (`deepspec.experiments.gate.run`, also
-  `deepspec cache gate`): one cache per codec from the same regenerated conversations, the same DSpark
+- ``gate`` (`cache_gate.{json,md}`): the cache-size gate (`deepspec.plan.gate.run`, also
+  `deepspec gate`): one cache per codec from the same regenerated conversations, the same DSpark
   drafter trained with the same seed on each, τ of each on the same prompts and the teacher-forced
   expected τ on held-out sequences read with lossless features.
 """
@@ -150,7 +150,7 @@ def codecs(args) -> int:
     from deepspec.cache import CacheReader
     from deepspec.cache.format import raw_bytes_per_token
     from deepspec.config import load_config
-    from deepspec.prepare import build_cache
+    from deepspec.cache.writer import build_cache
     from deepspec.targets import load_target
     torch.set_num_threads(args.threads)
     work = Path(args.workdir or tempfile.mkdtemp(prefix="deepspec-bench-cache-"))
@@ -220,7 +220,7 @@ def lossy_codec(spec: str):
 def lossy_bytes(args) -> int:
     import torch
     from deepspec.cache import CacheReader
-    from deepspec.cache.codec_error import reconstruction_error
+    from deepspec.cache.reconstruction import reconstruction_error
     from deepspec.cache.codecs import encode_array
     from deepspec.cache.format import raw_bytes_per_token
     torch.set_num_threads(1)
@@ -258,7 +258,7 @@ def lossy_bytes(args) -> int:
 def gate(args) -> int:
     import torch
     from deepspec.config import load_config
-    from deepspec.experiments.gate import format_markdown, run
+    from deepspec.plan.gate import format_markdown, run
     torch.set_num_threads(args.threads)
     work = Path(args.work)
     if args.fresh and work.exists():

@@ -42,8 +42,9 @@ def shared_overrides(args) -> list:
 def prepare(args, work: Path):
     """Regenerate and cache the work directory's data (each stage resumes what is already there):
     ({regenerate_s, cache_s}, cache path)."""
+    from deepspec.cache.writer import build_cache
     from deepspec.config import load_config
-    from deepspec.prepare import build_cache, regenerate
+    from deepspec.prepare import regenerate
     base = load_config(shared_overrides(args) + [f"run_dir={work / 'prepare'}"])
     t = time.perf_counter()
     regen = regenerate(base)

@@ -117,8 +117,8 @@ def prepare_data(args, work: Path, online: bool) -> float:
     """Synthetic regen JSONL (unless ``--regen``) and, unless only online runs follow, its cache (both
     reused across invocations); the cache build's seconds (0 when reused)."""
     from deepspec.config import load_config
-    from deepspec.prepare import build_cache
-    from deepspec.prepare.synthetic import write_regen_jsonl
+    from deepspec.cache.writer import build_cache
+    from tests.support.synthetic import write_regen_jsonl
     work.mkdir(parents=True, exist_ok=True)
     if not args.regen and not (work / "regen.jsonl").is_file():
         write_regen_jsonl(work / "regen.jsonl", args.samples, seed=0, max_words=args.max_words)

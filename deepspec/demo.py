@@ -19,7 +19,8 @@ from pathlib import Path
 from .config import DeepSpecConfig, save_config
 from .eval.runner import run as run_eval
 from .paths import cache_dir, eval_dir, regen_path, run_dir, shipped_draft_dir
-from .prepare import build_cache, regenerate
+from .cache.writer import build_cache
+from .prepare import regenerate
 from .train.loop import run as run_train
 
 log = logging.getLogger(__name__)

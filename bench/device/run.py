@@ -275,7 +275,7 @@ def write_eval_prompts(work: Path, n: int) -> Path:
 
 
 def write_tiny_prompts(work: Path, n: int) -> Path:
-    from deepspec.prepare.synthetic import write_regen_jsonl
+    from tests.support.synthetic import write_regen_jsonl
     return write_regen_jsonl(work / "prompts.jsonl", n, seed=0, max_words=40)
 
 

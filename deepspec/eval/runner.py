@@ -33,7 +33,9 @@ from tqdm.auto import tqdm
 
 from ..config import as_node, save_config
 from ..paths import eval_dir
+from ..drafts.checkpoint import read_checkpoint_config
 from ..targets import load_target
+from ..targets.loader import check_target_source
 from ..targets.chat import encode_prompt
 from ..utils.fs import atomic_write, jsonl_line
 from .benchmarks import Sample, domain_of, load_benchmarks
@@ -310,10 +312,16 @@ def run(cfg) -> Dict[str, Any]:
     An output directory whose results.json was written for the same config, checkpoint files and
     prompts is reused as it is (``eval.rerun=true`` decodes again)."""
     ec = cfg.eval
+    benches = load_benchmarks(ec.data_dir, ec.benchmarks, ec.max_samples)   # fail before loading models
+    if ec.checkpoint:                              # a missing or damaged checkpoint, before the target loads
+        try:
+            read_checkpoint_config(ec.checkpoint)
+        except FileNotFoundError as e:
+            raise FileNotFoundError(f"eval.checkpoint={ec.checkpoint}: {e}") from None
+    check_target_source(cfg.target)
     out = eval_dir(cfg)
     out.mkdir(parents=True, exist_ok=True)
     save_config(cfg, out)
-    benches = load_benchmarks(ec.data_dir, ec.benchmarks, ec.max_samples)   # fail before loading models
     fp = fingerprint(cfg, benches)
     old = None if getattr(ec, "rerun", False) else _reusable(out, fp)
     if old is not None:

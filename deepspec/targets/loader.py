@@ -5,10 +5,11 @@ import logging
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from ..config import TargetConfig
 from .adapter import TargetAdapter
+from .load_errors import explain
 from .reference import fetch_reference
 from .tiny import build_tiny, parse_tiny_spec
 
@@ -39,6 +40,24 @@ def _template_kwargs(cfg: TargetConfig) -> dict:
     return kw
 
 
+def check_target_source(cfg: TargetConfig) -> None:
+    """Fail early, in one line (`TargetLoadError`), when ``target.path`` cannot be found: its config is read
+    (a few KB, from the local directory or the hub cache) before any stage writes or loads anything."""
+    if parse_tiny_spec(cfg.path) is not None or cfg.path.startswith("reference:"):
+        return
+    path, kw = cfg.path, dict(trust_remote_code=cfg.trust_remote_code)
+    if path.endswith(".gguf"):
+        if not Path(path).expanduser().is_file():
+            raise explain(FileNotFoundError(path), cfg.path, "GGUF file")
+        return
+    if cfg.gguf_file:
+        kw["gguf_file"] = cfg.gguf_file
+    try:
+        AutoConfig.from_pretrained(path, **kw)
+    except (OSError, ValueError) as e:
+        raise explain(e, cfg.path, "model") from e
+
+
 def load_target(cfg: TargetConfig, device: str | None = None) -> TargetAdapter:
     dev = resolve_device(device or cfg.device)
     dtype = resolve_dtype(cfg.dtype, dev)
@@ -59,11 +78,17 @@ def load_target(cfg: TargetConfig, device: str | None = None) -> TargetAdapter:
         kw = dict(trust_remote_code=cfg.trust_remote_code)
         if gguf:
             kw["gguf_file"] = gguf
-        tok = AutoTokenizer.from_pretrained(path, **kw)
+        try:
+            tok = AutoTokenizer.from_pretrained(path, **kw)
+        except (OSError, ValueError) as e:
+            raise explain(e, cfg.path, "tokenizer") from e
         mkw = dict(kw, dtype=dtype)
         if cfg.attn_implementation:
             mkw["attn_implementation"] = cfg.attn_implementation
-        model = AutoModelForCausalLM.from_pretrained(path, **mkw)
+        try:
+            model = AutoModelForCausalLM.from_pretrained(path, **mkw)
+        except (OSError, ValueError) as e:
+            raise explain(e, cfg.path, "model") from e
     model = model.to(dev)
     return TargetAdapter(model, tok, layer_ids=cfg.layer_ids, num_feature_layers=cfg.num_feature_layers,
                          name=cfg.name, chat_template_kwargs=_template_kwargs(cfg))

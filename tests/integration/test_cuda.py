@@ -136,8 +136,8 @@ def test_short_training_run_from_the_cache_cpu_vs_cuda(tmp_path):
     """`deepspec train` from one cache on the CPU and on CUDA (workers + pinned copies there): same
     3-step loss trajectory within tolerance (fp32)."""
     from deepspec.config import load_config
-    from deepspec.prepare import build_cache
-    from deepspec.prepare.synthetic import write_regen_jsonl
+    from deepspec.cache.writer import build_cache
+    from tests.support.synthetic import write_regen_jsonl
     from deepspec.train.loop import run
     write_regen_jsonl(tmp_path / "regen.jsonl", 16, seed=3, max_words=40)
 

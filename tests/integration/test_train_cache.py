@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from deepspec.cache import CacheReader, CacheMismatchError
-from deepspec.prepare import build_cache
-from deepspec.prepare.synthetic import write_regen_jsonl
+from deepspec.cache.writer import build_cache
+from tests.support.synthetic import write_regen_jsonl
 from deepspec.config import load_config
 from deepspec.drafts import build_drafter
 from deepspec.targets import load_target

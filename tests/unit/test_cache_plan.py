@@ -5,8 +5,8 @@ import json
 import pytest
 import torch
 
-from deepspec.experiments import plan as planmod
-from deepspec.prepare.synthetic import write_regen_jsonl
+from deepspec.plan import estimate as planmod
+from tests.support.synthetic import write_regen_jsonl
 from deepspec.config import load_config
 from deepspec.targets import load_target
 
@@ -64,8 +64,8 @@ def test_plan_refuses_when_cache_exceeds_disk(tmp_path, target):
 def test_plan_reports_draft_vocabulary_coverage_and_head(tmp_path, target):
     """draft.vocab_size = N: coverage of the sampled answer tokens (as the trainer selects) and the head change."""
     from deepspec.data.vocab import count_answer_tokens, coverage, select_top
-    from deepspec.experiments.probes import encode_conversations
-    from deepspec.experiments.plan import _regen_sample
+    from deepspec.plan.probes import encode_conversations
+    from deepspec.plan.estimate import _regen_sample
     N = 40
     cfg = load_config(BASE + [f"run_dir={tmp_path}", f"draft.vocab_size={N}", "draft.algorithm=dspark",
                               "draft.head_rank=8", "draft.num_layers=1"])

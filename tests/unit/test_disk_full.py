@@ -142,8 +142,8 @@ def test_cache_build_disk_full_keeps_committed_shards_and_resumes(tmp_path, monk
     from deepspec.cache import CacheReader
     from deepspec.cache import format as fmt
     from deepspec.cache.format import MANIFEST, shard_name, sidecar_name
-    from deepspec.prepare import build_cache
-    from deepspec.prepare.synthetic import write_regen_jsonl
+    from deepspec.cache.writer import build_cache
+    from tests.support.synthetic import write_regen_jsonl
     from deepspec.targets import load_target
     regen = write_regen_jsonl(tmp_path / "regen.jsonl", 8, seed=5, max_words=8)
     target = load_target(_cache_cfg(tmp_path).target)
@@ -217,7 +217,7 @@ def test_checkpoint_disk_full_keeps_the_last_checkpoint_and_resumes(tmp_path, mo
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    from deepspec.prepare.synthetic import write_regen_jsonl
+    from tests.support.synthetic import write_regen_jsonl
     from deepspec.train import checkpoint as ckpt
     from deepspec.train.loop import run
     monkeypatch.setenv("DEEPSPEC_NO_PROGRESS", "1")

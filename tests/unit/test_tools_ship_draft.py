@@ -37,8 +37,8 @@ def _overrides(tmp: Path):
 def run(tmp_path_factory):
     """A cache of 20 synthetic conversations and 2 training steps on it (checkpoint and held-out eval each step)."""
     from deepspec.config import load_config
-    from deepspec.prepare import build_cache
-    from deepspec.prepare.synthetic import write_regen_jsonl
+    from deepspec.cache.writer import build_cache
+    from tests.support.synthetic import write_regen_jsonl
     from deepspec.targets import load_target
     from deepspec.train.loop import run as train
     n = torch.get_num_threads()
@@ -280,7 +280,7 @@ def test_a_calibration_fitted_on_the_drafts_rollouts_ships_beside_it(run, eval_r
 
 def test_a_run_on_a_union_of_caches_reports_the_data_of_all_of_them(run, tmp_path, capsys):
     from deepspec.config import load_config
-    from deepspec.prepare import build_cache
+    from deepspec.cache.writer import build_cache
     from deepspec.train.loop import run as train
     tmp, cached_run, target = run
     lines = (tmp / "regen.jsonl").read_text().splitlines(keepends=True)

@@ -2,7 +2,7 @@
 
 `prepare_codec_state` captures the first ``cache.calib_tokens`` tokens of the regen JSONL
 exactly as the build does (`calibration_sample`), calibrates the codec, measures its per-layer
-reconstruction error (`deepspec.cache.codec_error`) and writes ``codec_state.arrow``
+reconstruction error (`deepspec.cache.reconstruction`) and writes ``codec_state.arrow``
 (`deepspec.cache.format.state_to_bytes`: Arrow IPC, never a pickle); on resume it reloads that
 file instead.
 """
@@ -14,11 +14,11 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from ..cache.codec_error import reconstruction_error
+from ..cache.reconstruction import reconstruction_error
 from ..cache.codecs import Codec
 from ..cache.errors import CacheCorruptError, CacheError
 from ..cache.format import CODEC_STATE, atomic_write_bytes, sha256_bytes, state_from_bytes, state_to_bytes
-from .samples import capture_batch, length_batches, pad_token_id, tokenize_records
+from .capture import capture_batch, length_batches, pad_token_id, tokenize_records
 
 log = logging.getLogger(__name__)
 

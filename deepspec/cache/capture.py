@@ -5,7 +5,7 @@ shard in one pass; ``tokenize_records`` turns a shard's records into token ids +
 (skipping or refusing bad ones per ``data.on_error``), ``length_batches`` packs them by length
 into capture batches, ``capture_batch`` runs the target over a batch and ``encode_row`` compresses
 one sample into a shard row.  Used by the build (`build`), the codec calibration (`calibrate`)
-and the probes behind `deepspec plan` (`deepspec.experiments.probes`).
+and the probes behind `deepspec plan` (`deepspec.plan.probes`).
 """
 from __future__ import annotations
 

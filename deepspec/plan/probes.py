@@ -15,7 +15,7 @@ import torch
 
 from ..cache.format import BLOB_COLUMNS
 from ..drafts import build_drafter
-from ..prepare.samples import capture_batch, encode_row, length_batches, pad_token_id
+from ..cache.capture import capture_batch, encode_row, length_batches, pad_token_id
 from ..targets.chat import encode_prompt
 from ..train.anchors import sample_anchors
 from ..train.data import collate

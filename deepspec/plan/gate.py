@@ -13,8 +13,8 @@ lossless features a serving engine would feed it — as ``heldout``: expected τ
 per-position acceptance over thousands of positions, paired across codecs.  Writes ``gate.json`` and
 ``gate.md`` into the output directory.
 
-    deepspec cache gate [OVERRIDES…] --regen PATH [--codecs bf16,fp8,lowrank] [--out DIR] [--tolerance 0.02]
-    deepspec.experiments.gate.run(cfg, codecs=["bf16", "fp8", "lowrank"], regen_path=..., out_dir=...)
+    deepspec gate [OVERRIDES…] --regen PATH [--codecs bf16,fp8,lowrank] [--out DIR] [--tolerance 0.02]
+    deepspec.plan.gate.run(cfg, codecs=["bf16", "fp8", "lowrank"], regen_path=..., out_dir=...)
 
 Caches, runs and evals live under ``out/{cache,run,eval}-<label>``; a codec may be given with
 its parameters as ``lowrank:rank=64:coef=fp8`` (label ``lowrank-r64-fp8``).
@@ -36,7 +36,7 @@ from ..cache import CacheError, CacheReader
 from ..cache.format import raw_bytes_per_token
 from ..drafts.registry import load_drafter
 from ..eval.runner import run as eval_run
-from ..prepare.build import build_cache
+from ..cache.writer import build_cache
 from ..targets import load_target
 from ..train.data import CachedSequences, build_micro_batch, split_heldout
 from ..train.loop import run as train_run
@@ -215,3 +215,25 @@ def format_markdown(rep: Dict[str, Any]) -> str:
                   "acceptance length (tokens per target forward).  Held-out E[τ]: teacher-forced expected "
                   "acceptance length on held-out sequences with the lossless features, paired across codecs."]
     return "\n".join(lines) + "\n"
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``deepspec gate``: the command line of `run`."""
+    import argparse
+    import sys
+    from ..config import load_config
+    p = argparse.ArgumentParser(prog="deepspec gate",
+                                description="lossless vs lossy cache codecs: same drafter, seed, steps, prompts; compare τ")
+    p.add_argument("overrides", nargs="*", help="config overrides (target, draft, train.max_steps, eval.*)")
+    p.add_argument("--regen", default=None, help="regen JSONL (default: deepspec.paths.regen_path)")
+    p.add_argument("--codecs", default="bf16,fp8,lowrank",
+                   help="comma list; the first is the baseline; params as lowrank:rank=64:coef=fp8")
+    p.add_argument("--out", default=None, help="output directory (default {run_dir}/gate)")
+    p.add_argument("--tolerance", type=float, default=0.02, help="allowed relative τ loss (0.02 = 2%%)")
+    args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        datefmt="%H:%M:%S")
+    rep = run(load_config(args.overrides), codecs=[c for c in args.codecs.split(",") if c], regen_path=args.regen,
+              out_dir=args.out, tolerance=args.tolerance)
+    print(format_markdown(rep))
+    return 0

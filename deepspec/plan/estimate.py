@@ -41,8 +41,9 @@ from ..data import DataError, fallback_id, iter_jsonl, iter_source, record_to_co
 from ..data.sources import column_mapping
 from ..data.vocab import REPORT_SIZES, count_answer_tokens, coverage, select_top, top_coverage
 from ..drafts.registry import count_trainable_parameters
-from ..prepare.build import encode_threads
+from ..cache.writer import encode_threads
 from ..targets import load_target
+from ..targets.loader import check_target_source
 from .probes import encode_conversations, probe_capture, probe_decode, probe_train
 
 log = logging.getLogger(__name__)
@@ -362,6 +363,8 @@ def format_plan(p: Plan) -> str:
 
 def run(cfg, prompts_path=None, target=None, out: Optional[TextIO] = None, **kw) -> int:
     """Print the plan; return 2 when the cache would not fit on disk (else 0)."""
+    if target is None:
+        check_target_source(cfg.target)          # one line, before the data is sampled
     plan = estimate(cfg, target=target, prompts_path=prompts_path, **kw)
     print(format_plan(plan), file=out or sys.stdout)
     return 0 if plan.fits else 2

@@ -44,7 +44,7 @@ from ..utils.signals import GracefulStop, deferred, sigterm_as_interrupt
 from .buildinfo import build_info, check_existing
 from .calibrate import prepare_codec_state
 from .finalize import finalize_cache, wait_for_manifest
-from .samples import (capture_batch, encode_row, iter_shards, length_batches, pad_token_id, scan_source,
+from .capture import (capture_batch, encode_row, iter_shards, length_batches, pad_token_id, scan_source,
                       tokenize_records)
 
 log = logging.getLogger(__name__)
