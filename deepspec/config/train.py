@@ -36,7 +36,7 @@ class TrainConfig:
     # DataLoader worker processes per rank (cache reads, decompression, collation); null = auto:
     # up to 4 on a GPU, 0 on a CPU and in online mode (train/data.py loader_workers).
     num_workers: Optional[int] = None
-    # --- added by the trainer (issue 6) ---
+    # --- the trainer's own settings ---
     eps: float = 1e-8
     # Resume automatically from the latest complete checkpoint under {run_dir}/checkpoints.
     resume: bool = True

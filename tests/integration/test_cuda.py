@@ -1,5 +1,5 @@
-"""CUDA checks (marked `cuda`; skipped cleanly without a GPU): what issue 23 made fast on one accelerator
-stays right there.
+"""CUDA checks (marked `cuda`; skipped cleanly without a GPU): the fast paths of one accelerator stay
+right there.
 
 - the eval loop is lossless under greedy decoding on CUDA (fp32, tiny targets), through the single-sequence
   causal attention (`targets/attention.py`) that decoding uses on CUDA by default, and it equals the stock
