@@ -65,8 +65,8 @@ def verify_export(out: Path, fmt: str, original, target, nothing_dropped: bool, 
 
     * ``reimport*``: our drafter rebuilt from the written files vs the trained drafter (must be exact);
       skipped when heads were dropped (the export intentionally differs then).
-    * ``reference*`` (engine formats): an independent implementation of the engine's forward
-      (`deepspec.export.reference`, `deepspec.export.reference_eagle3`) on the written files vs the
+    * ``engine*`` (engine formats): an independent implementation of the engine's forward
+      (`deepspec.export.engine_parallel`, `deepspec.export.engine_eagle3`) on the written files vs the
       re-imported drafter."""
     out = Path(out)
     original = original.eval()
@@ -74,7 +74,7 @@ def verify_export(out: Path, fmt: str, original, target, nothing_dropped: bool, 
     batch = probe_batch(target, int(original.cfg.gamma), seed, dtype=original.param_dtype)
     got, ref = exporter_for(original.algorithm).compare(out, fmt, original, re_drafter, batch, target,
                                                          nothing_dropped)
-    # fp32 end to end: the re-import must be bit-exact and the reference agree to rounding;
+    # fp32 end to end: the re-import must be bit-exact and the engine forward agree to rounding;
     # low-precision targets/drafts round the LM-head input, so the bounds scale with the logits
     exact = target.dtype == torch.float32 and original.param_dtype == torch.float32
     scale = max(1.0, float(ref.float().abs().max()))

@@ -49,8 +49,8 @@ from .engine_formats import ENGINE_FORMATS, ENGINE_NAMES, Plan, dtype_name, laye
 from .errors import ExportUnsupported, ImportUnsupported, Problem, refusal
 from .importers import build_and_load, check_sizes
 from .parallel_schemas import SGLANG_DSPARK, SPECULATORS_DSPARK, sglang_problems
-from .reference import EngineDraft
-from .reference_math import max_abs_diff
+from .engine_parallel import EngineDraft
+from .engine_math import max_abs_diff
 from .registry import Exporter, register_exporter
 from .vocab_map import draft_ids, engine_vocab_tensors, ids_from_engine, lm_head_rows, place, without_vocab_keys
 
@@ -257,9 +257,9 @@ class ParallelExporter(Exporter):
             eng_logits, eng_conf = eng.block_logits(batch["features"][0].float(), batch["input_ids"][0], anchors,
                                                     embed, lm_logits)
             ours = place(new["logits"][0], draft_ids(reimported), int(target.vocab_size))   # the engines' −inf
-            got["reference_max_abs_diff"] = max_abs_diff(eng_logits, ours)
+            got["engine_max_abs_diff"] = max_abs_diff(eng_logits, ours)
             if eng_conf is not None and new["confidence"] is not None:
-                got["reference_confidence_max_abs_diff"] = max_abs_diff(eng_conf, new["confidence"][0])
+                got["engine_confidence_max_abs_diff"] = max_abs_diff(eng_conf, new["confidence"][0])
         return got, new["logits"]
 
     # -- model card ----------------------------------------------------------------------------------------

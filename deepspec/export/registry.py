@@ -64,7 +64,7 @@ class Exporter:
     def compare(self, out: Path, fmt: str, original, reimported, batch: Dict[str, torch.Tensor], target,
                 nothing_dropped: bool) -> Tuple[Dict[str, float], torch.Tensor]:
         """Max |difference| of logits on the probe ``batch``: ``reimport*`` keys (``reimported`` vs
-        ``original``), ``reference*`` keys (an independent engine forward on the files in ``out`` vs
+        ``original``), ``engine*`` keys (an independent engine forward on the files in ``out`` vs
         ``reimported``); and the logits whose scale sets the tolerances.  Without an exporter an
         ``hf`` export (a copy of the checkpoint's files) is not compared."""
         log.warning("draft algorithm %r has no exporter: the %s export is not self-checked",

@@ -11,7 +11,7 @@ from deepspec.drafts import build_drafter
 from deepspec.export import ExportError, ExportUnsupported, ImportUnsupported, export_draft, import_draft
 from deepspec.export.api import probe_batch, verify_export
 from deepspec.export.cli import main as export_main
-from deepspec.export.reference import EngineDraft
+from deepspec.export.engine_parallel import EngineDraft
 from deepspec.export.schemas import validate, SCHEMAS
 from deepspec.targets import load_target
 
@@ -70,7 +70,7 @@ def test_vllm_dspark_markov_round_trip(target, tmp_path):
     assert "fc.weight" in w and "layers.0.self_attn.q_norm.weight" in w and "hidden_norm.weight" in w
     assert w["markov_head.markov_w2.weight"].shape == (target.vocab_size, 8)
     assert not any(k.startswith(("embed_tokens", "lm_head", "head.", "context.")) for k in w)
-    assert res.verified["reimport_max_abs_diff"] == 0.0 and res.verified["reference_max_abs_diff"] < 1e-4
+    assert res.verified["reimport_max_abs_diff"] == 0.0 and res.verified["engine_max_abs_diff"] < 1e-4
     back = import_draft(out, target)
     assert back.algorithm == "dspark" and back.cfg.sequential_head == "markov" and back.cfg.confidence_head
     _same_blocks(d, back, target)
@@ -142,7 +142,7 @@ def test_rnn_head_to_vllm_is_written_with_a_serving_note(target, tmp_path):
     d = _trained(target, "dspark", sequential_head="rnn", seed=3)
     ckpt = _save(d, tmp_path / "ckpt")
     res = export_draft(ckpt, tmp_path / "v", "vllm", target=target, target_path=TINY)
-    assert not res.dropped and res.verified["reference_max_abs_diff"] < 1e-4
+    assert not res.dropped and res.verified["engine_max_abs_diff"] < 1e-4
     cfg = json.loads((tmp_path / "v" / "config.json").read_text())
     assert (cfg["markov_rank"], cfg["markov_head_type"], cfg["enable_confidence_head"]) == (8, "rnn", True)
     card = (tmp_path / "v" / "README.md").read_text()
@@ -296,7 +296,7 @@ def test_vllm_reduced_vocabulary_round_trip(target, tmp_path, algorithm, kw):
     if algorithm == "dspark":
         assert w["markov_head.markov_w2.weight"].shape == (N_DRAFT, 8)
         assert w["markov_head.markov_w1.weight"].shape == (V, 8)         # embeds the previous *target* token
-    assert res.verified["reimport_max_abs_diff"] == 0.0 and res.verified["reference_max_abs_diff"] < 1e-4
+    assert res.verified["reimport_max_abs_diff"] == 0.0 and res.verified["engine_max_abs_diff"] < 1e-4
     back = import_draft(out, target)
     assert back.algorithm == algorithm and back.cfg.vocab_size == N_DRAFT and torch.equal(back.draft_vocab, ids)
     batch = _same_blocks(d, back, target)

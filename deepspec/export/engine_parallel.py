@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from .reference_math import rms_norm, rope
+from .engine_math import rms_norm, rope
 
 
 class EngineDraft:
@@ -117,7 +117,7 @@ class EngineDraft:
                     rows.append(torch.tanh(orr) @ w2.t())
                 bias = torch.stack(rows)
             else:
-                raise ValueError(f"reference forward: markov_head_type {self.markov_head_type!r} not implemented")
+                raise ValueError(f"engine forward: markov_head_type {self.markov_head_type!r} not implemented")
         conf = None
         if self.confidence:
             feats = torch.cat([hn, emb], -1) if self.confidence_with_markov else hn
