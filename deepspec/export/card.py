@@ -52,7 +52,7 @@ def model_card(ckpt: Checkpoint, fmt: str, *, out: str, results: Optional[Dict[s
     lines += [f"| mask token id | {meta.get('mask_token_id')} |"]
     if draft.get("vocab_size") is not None:
         lines.append(f"| draft vocabulary | {draft['vocab_size']} of {tgt.get('vocab_size')} target tokens (the most "
-                     "frequent answer tokens; `draft_vocab.json`" + ("" if fmt == "hf" else ", `d2t` / `t2d`")
+                     "frequent answer tokens; `draft_vocab.json`" + ("" if fmt == "hf" else f", {exporter.vocab_layout(fmt)}")
                      + "); probability 0 elsewhere, verification stays exact |")
     lines.append("")
     lines += ["## Target", "", "| field | value |", "|---|---|",

@@ -8,9 +8,11 @@ Checks, each reported with what it means for serving:
 * the mask token is inside the vocabulary;
 * a reduced draft vocabulary (``draft.vocab_size = N``): the checkpoint's ``draft_vocab`` or the
   export's ``draft_vocab_size`` / ``d2t`` / ``t2d`` are consistent (ids in range, strictly
-  increasing, d2t and t2d agree, ``draft_vocab_size`` = len(d2t)), the exported ``lm_head`` rows
+  increasing, d2t and t2d agree, ``draft_vocab_size`` = len(d2t)) or, in SGLang's DSpark, the
+  Markov rank dimension that holds it (`deepspec.export.vocab_rank`), the exported ``lm_head`` rows
   are the target's on those tokens, and the vocabulary was selected with this tokenizer (its
-  ``draft_vocab.json`` — next to the draft or in the run directory — else the recorded hash);
+  ``draft_vocab.json`` — next to the draft or in the run directory — else the recorded hash); a
+  ``draft_vocab.json`` next to a draft that scores the full vocabulary is a mismatch;
 * the chat template rendered the way training did (``target.encode_chat`` of the whole
   conversation, with the training run's template switches) against the way an
   OpenAI-compatible server does (``tokenizer.apply_chat_template(messages before the
@@ -44,7 +46,7 @@ from ..targets.chat import encode_chat, encode_prompt
 from ..targets.mask_token import mask_token_problem, target_tokens
 from .common import (CONFIG_NAME, PROVENANCE_NAME, RUN_YAML, WEIGHTS_NAME, Checkpoint, resolve_target_config,
                      target_overrides)
-from .vocab_map import find_vocab_file, lm_head_rows, read_mapping, read_tensors
+from .vocab_map import VOCAB_FILE, find_vocab_file, lm_head_rows, read_mapping, read_tensors
 from .errors import ExportError
 from .registry import exporter_for
 
@@ -270,8 +272,15 @@ def _tokens(target, mask: int):
 def _check_vocabulary(report: CheckReport, path: Path, rec: Dict[str, Any], target) -> None:
     """The "draft vocabulary" finding of a draft with a reduced vocabulary (none for a full one)."""
     V = int(target.vocab_size)
-    ids, problems = read_mapping(path, rec["config"], V)
+    held = None
+    if rec.get("format") not in (None, "hf"):    # an engine layout of the algorithm's own (SGLang DSpark: a rank)
+        held = exporter_for(str(rec.get("algorithm"))).held_vocabulary(str(rec["format"]), path, rec["config"], V)
+    ids, problems = held if held is not None else read_mapping(path, rec["config"], V)
     if ids is None and not problems:
+        if (path / VOCAB_FILE).is_file():      # exports write one for a reduced vocabulary only
+            report.add("draft vocabulary", False, f"{path / VOCAB_FILE} lists a draft vocabulary but "
+                       f"{path / WEIGHTS_NAME} scores the full target vocabulary: the draft does not hold the "
+                       "vocabulary it was trained on — re-export from the training checkpoint")
         return
     if ids is not None:
         try:     # an export's lm_head must be the target's rows of the draft vocabulary

@@ -65,8 +65,8 @@ from .vocab_map import draft_ids, engine_vocab_tensors, ids_from_engine, lm_head
 from .engine_formats import ENGINE_FORMATS, ENGINE_NAMES, Plan, dtype_name, layer_config, speculators_block
 from .errors import ExportUnsupported, ImportUnsupported, refusal
 from .importers import build_and_load, check_sizes
-from .reference_eagle3 import EngineEagle3
-from .reference_math import max_abs_diff
+from .engine_eagle3 import EngineEagle3
+from .engine_math import max_abs_diff
 from .registry import Exporter, register_exporter
 from .schemas import NONNEG_INT, POS_INT, QWEN3_LAYER, speculators_common
 
@@ -252,7 +252,7 @@ class Eagle3Exporter(Exporter):
     # -- self-check ----------------------------------------------------------------------------------------
     def compare(self, out, fmt, original, reimported, batch, target, nothing_dropped):
         """Teacher-forced step logits of the re-import vs the trained draft's, and (engine formats) the
-        independent engine forward (`deepspec.export.reference_eagle3`) on the written files vs the re-import.
+        independent engine forward (`deepspec.export.engine_eagle3`) on the written files vs the re-import.
 
         Engine formats do not carry our TTT padding token, so only chain steps inside the probe are compared."""
         new = reimported.step_logits(batch)
@@ -275,7 +275,7 @@ class Eagle3Exporter(Exporter):
             steps = min(S, T - 1 - r)
             ref = eng.chain_logits(batch["features"][0], batch["input_ids"][0], r, steps, embed)
             diffs.append(max_abs_diff(ref, place(new_s[0, :steps, r], ids, int(target.vocab_size))))
-        got["reference_max_abs_diff"] = max(diffs)
+        got["engine_max_abs_diff"] = max(diffs)
         return got, new
 
     # -- model card ----------------------------------------------------------------------------------------

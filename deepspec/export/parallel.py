@@ -18,13 +18,15 @@ conf head     refused (``draft.confidence_head=true``     refused (same)
  w/o seq head with ``draft.sequential_head=none`` owns a
               token embedding); ``--allow-drop-heads``
               → backbone only
-draft.vocab_  ``draft_vocab_size = N``, ``d2t`` / ``t2d``,   refused: SGLang's DSpark scores with the
- size = N     target ``lm_head`` rows, ``markov_w2`` [N, r]  target's full head, reads no ``d2t``
+draft.vocab_  ``draft_vocab_size = N``, ``d2t`` / ``t2d``,   one more Markov rank dimension: 1 in
+ size = N     target ``lm_head`` rows, ``markov_w2`` [N, r]  ``markov_w1``, 0 / −2¹⁴ in ``markov_w2``
+                                                          on / off the draft vocabulary
+                                                          (`deepspec.export.vocab_rank`)
 ============  =========================================  ==========================================
 
 Refusals name the draft settings at fault and the ones to retrain with
-(`deepspec.export.mapping.UNSERVABLE`, ``draft.vocab_size``, and a mask token that is a stop
-token or an ordinary token: `deepspec.targets.mask_token`).
+(`deepspec.export.mapping.UNSERVABLE`, and a mask token that is a stop token or an ordinary
+token: `deepspec.targets.mask_token`).
 
 Block convention: our block anchored at p is ``[x_p, MASK×(γ−1)]`` at positions
 p..p+γ−1, sees target features of positions < p, and slot k predicts x_{p+k+1}
@@ -45,14 +47,17 @@ import torch
 from ..config.draft import DraftConfig
 from ..targets.mask_token import mask_token_fault, suggested_mask_token, target_tokens
 from . import mapping, schemas
+from .common import WEIGHTS_NAME
 from .engine_formats import ENGINE_FORMATS, ENGINE_NAMES, Plan, dtype_name, layer_config, speculators_block
+from .engine_math import max_abs_diff
+from .engine_parallel import EngineDraft
 from .errors import ExportUnsupported, ImportUnsupported, Problem, refusal
 from .importers import build_and_load, check_sizes
 from .parallel_schemas import SGLANG_DSPARK, SPECULATORS_DSPARK, sglang_problems
-from .reference import EngineDraft
-from .reference_math import max_abs_diff
 from .registry import Exporter, register_exporter
-from .vocab_map import draft_ids, engine_vocab_tensors, ids_from_engine, lm_head_rows, place, without_vocab_keys
+from .vocab_map import (draft_ids, engine_vocab_tensors, ids_from_engine, lm_head_rows, place, read_tensors,
+                        without_vocab_keys)
+from .vocab_rank import KEYS as RANK_KEYS, VOCAB_BIAS, add_vocab_rank, mass_outside, rank_problems, split_vocab_rank
 
 RNN_ON_VLLM = ("the RNN sequential head is written (speculators 0.9.0 computes it) but vLLM 0.34 serves the vanilla "
                "Markov head only (model_executor/models/qwen3_dspark.py); serve this draft with SGLang 0.5.23 "
@@ -67,10 +72,12 @@ class ParallelPlan(Plan):
     confidence: bool = False        # confidence head written
     head_rank: int = 0
     zero_markov: bool = False       # sglang: a rank-1 Markov head of zeros stands for "no sequential head"
+    vocab_rank: bool = False        # sglang: the draft vocabulary as one more Markov rank dimension
 
     @property
     def markov_rank(self) -> int:
-        return 1 if self.zero_markov else self.head_rank if self.seq_head != "none" else 0
+        rank = self.head_rank if self.seq_head != "none" else 0
+        return rank + 1 if self.vocab_rank else 1 if self.zero_markov else rank
 
     @property
     def markov_head_type(self) -> str:
@@ -94,11 +101,6 @@ class ParallelExporter(Exporter):
             plan.drop_parts, plan.confidence = ("confidence",), False
             plan.dropped.append("the confidence head (it owns a token embedding of its own, which the engines' "
                                 "confidence heads have no place for)")
-        if fmt == "sglang" and draft.get("vocab_size") is not None:
-            problems.append((f"draft.vocab_size={draft['vocab_size']}", "draft.vocab_size=null",
-                             "SGLang's DSpark model (models/dspark.py) scores the target's full vocabulary: base "
-                             "logits from the target's LM head, markov_w2 over vocab_size, no d2t (--to vllm carries "
-                             "a reduced vocabulary)"))
         if problems:
             err = refusal(f"{engine} cannot serve this draft", problems)
             if own_w1 and not allow_drop_heads:
@@ -110,7 +112,13 @@ class ParallelExporter(Exporter):
         if fmt == "vllm" and plan.confidence:
             plan.warnings.append("the confidence head is written (speculators carries it) but vLLM does not use it "
                                  "at inference; confidence-scheduled verification needs deepspec's own engine")
-        if fmt == "sglang" and plan.seq_head == "none":
+        if fmt == "sglang" and draft.get("vocab_size") is not None:
+            plan.vocab_rank = True
+            plan.warnings.append(f"the draft vocabulary ({draft['vocab_size']} tokens) is written as one more Markov "
+                                 f"rank dimension (markov_rank {plan.markov_rank}): SGLang's DSpark scores every "
+                                 f"target token and adds {VOCAB_BIAS:g} to the logits of the tokens outside it, whose "
+                                 "probability is then exactly 0")
+        elif fmt == "sglang" and plan.seq_head == "none":
             plan.zero_markov = True
             plan.warnings.append("no sequential head: written with a rank-1 Markov head of zeros (SGLang's DSpark "
                                  "requires markov_rank > 0; the bias it adds is exactly 0)")
@@ -168,10 +176,10 @@ class ParallelExporter(Exporter):
         }
 
     def engine_weights(self, fmt, drafter, target, plan: ParallelPlan) -> Dict[str, torch.Tensor]:
-        """Our weights under the engine names; for a reduced draft vocabulary (vLLM only, `analyze` refuses
-        SGLang) also the target's LM-head rows ``lm_head.weight`` [N, H] and ``d2t`` / ``t2d``
-        (`deepspec.export.vocab_map`): vLLM's DSpark/DFlash models load the draft's own head when
-        ``draft_vocab_size`` differs from the target's and map draft ids through ``d2t``."""
+        """Our weights under the engine names.  A reduced draft vocabulary is, for vLLM, the target's LM-head
+        rows ``lm_head.weight`` [N, H] and ``d2t`` / ``t2d`` (`deepspec.export.vocab_map`: vLLM's DSpark/DFlash
+        models load the draft's own head when ``draft_vocab_size`` differs from the target's and map draft
+        ids through ``d2t``); for SGLang one more Markov rank dimension (`deepspec.export.vocab_rank`)."""
         state = {k: v for k, v in drafter.state_dict().items() if k != "draft_vocab"
                  and not (k.startswith("conf_head.") and "confidence" in plan.drop_parts)}
         out = mapping.to_engine(state, drop_parts=plan.drop_parts)
@@ -179,6 +187,8 @@ class ParallelExporter(Exporter):
             zeros = torch.zeros(int(target.vocab_size), 1, dtype=next(iter(out.values())).dtype)
             out.update({k: zeros.clone() for k in _ZERO_MARKOV})
         ids = draft_ids(drafter)
+        if ids is not None and plan.vocab_rank:
+            return add_vocab_rank(out, ids, int(target.vocab_size))
         if ids is not None:
             out["lm_head.weight"] = lm_head_rows(target, ids)
             out.update(engine_vocab_tensors(ids, int(target.vocab_size)))
@@ -197,16 +207,17 @@ class ParallelExporter(Exporter):
             if bad:
                 raise ImportUnsupported(f"{path}: " + "; ".join(bad) + " (SGLang reads both places)")
             dc = cfg["dflash_config"]
-            rank = int(dc["markov_rank"])
-            if rank == 1 and all(k in weights and not weights[k].any() for k in _ZERO_MARKOV):
+            ids_from_engine(str(path), None, weights, target)      # no d2t / lm_head: the target's own
+            ids, weights = split_vocab_rank(str(path), weights)     # a draft vocabulary: one more Markov rank
+            rank = int(dc["markov_rank"]) - (ids is not None)
+            if ids is None and rank == 1 and all(k in weights and not weights[k].any() for k in _ZERO_MARKOV):
                 weights = {k: v for k, v in weights.items() if k not in _ZERO_MARKOV}     # a zero head is no head
                 rank = 0
             return _build(str(path), cfg, target, our_layer_ids=[int(i) for i in dc["target_layer_ids"]],
                           block_size=dc["block_size"], mask=dc["mask_token_id"],
                           markov_rank=rank, head_type=str(dc["markov_head_type"]),
                           conf=bool(dc.get("enable_confidence_head")),
-                          conf_with_markov=bool(dc.get("confidence_head_with_markov")),
-                          vocab=cfg.get("draft_vocab_size"), weights=weights)
+                          conf_with_markov=bool(dc.get("confidence_head_with_markov")), ids=ids, weights=weights)
         kind = cfg.get("speculators_model_type")
         if not cfg.get("sample_from_anchor", kind == "dspark"):
             raise ImportUnsupported(f"{path}: sample_from_anchor is false (block slot k predicts anchor+k, slot 0 "
@@ -225,7 +236,18 @@ class ParallelExporter(Exporter):
                       head_type=str(cfg.get("markov_head_type") or "vanilla"),
                       conf=bool(cfg.get("enable_confidence_head")),
                       conf_with_markov=bool(cfg.get("confidence_head_with_markov")),
-                      vocab=cfg.get("draft_vocab_size"), weights=weights)
+                      ids=ids_from_engine(str(path), cfg.get("draft_vocab_size"), weights, target), weights=weights)
+
+    def held_vocabulary(self, fmt, path, cfg, vocab_size):
+        """SGLang: the draft vocabulary the last Markov rank dimension marks (`deepspec.export.vocab_rank`)."""
+        if fmt != "sglang":
+            return None
+        where = Path(path) / WEIGHTS_NAME
+        try:
+            weights = read_tensors(where, RANK_KEYS)
+        except Exception as e:     # reported as the finding, not raised
+            return None, [f"{where}: not a readable safetensors file ({type(e).__name__}: {e})"]
+        return rank_problems(str(where), weights)
 
     def recorded_layer_ids(self, fmt, cfg) -> Tuple[Optional[List[int]], Optional[int]]:
         if fmt == "vllm":        # vLLM ids = ours + 1
@@ -256,10 +278,15 @@ class ParallelExporter(Exporter):
             anchors = [int(a) for a in batch["anchors"][0]]
             eng_logits, eng_conf = eng.block_logits(batch["features"][0].float(), batch["input_ids"][0], anchors,
                                                     embed, lm_logits)
-            ours = place(new["logits"][0], draft_ids(reimported), int(target.vocab_size))   # the engines' −inf
-            got["reference_max_abs_diff"] = max_abs_diff(eng_logits, ours)
+            ids = draft_ids(reimported)
+            if fmt == "sglang" and ids is not None:     # every token scored; VOCAB_BIAS outside the vocabulary
+                got["engine_max_abs_diff"] = max_abs_diff(eng_logits[..., ids], new["logits"][0])
+                got["engine_mass_outside_vocab"] = mass_outside(eng_logits, ids)
+            else:                                       # the engines' −inf outside the vocabulary (d2t)
+                got["engine_max_abs_diff"] = max_abs_diff(eng_logits, place(new["logits"][0], ids,
+                                                                             int(target.vocab_size)))
             if eng_conf is not None and new["confidence"] is not None:
-                got["reference_confidence_max_abs_diff"] = max_abs_diff(eng_conf, new["confidence"][0])
+                got["engine_confidence_max_abs_diff"] = max_abs_diff(eng_conf, new["confidence"][0])
         return got, new["logits"]
 
     # -- model card ----------------------------------------------------------------------------------------
@@ -280,6 +307,11 @@ class ParallelExporter(Exporter):
                 else ("sequential head", f"{seq} (rank {draft.get('head_rank')})"))
         return [head, ("confidence head", str(conf))]
 
+    def vocab_layout(self, fmt) -> str:
+        if fmt == "sglang":
+            return f"one more Markov rank dimension, logit bias {VOCAB_BIAS:g} outside the draft vocabulary"
+        return super().vocab_layout(fmt)
+
     def layer_ids_note(self, fmt, engine_config) -> Optional[str]:
         if fmt == "vllm":
             return (f"Engine layer ids: `aux_hidden_state_layer_ids = {engine_config.get('aux_hidden_state_layer_ids')}`"
@@ -290,12 +322,11 @@ class ParallelExporter(Exporter):
 
 
 def _build(where: str, layer: Dict[str, Any], target, *, our_layer_ids, block_size: int, mask: int,
-           markov_rank: int, head_type: str, conf: bool, conf_with_markov: bool, vocab: Optional[int],
+           markov_rank: int, head_type: str, conf: bool, conf_with_markov: bool, ids: Optional[torch.Tensor],
            weights: Dict[str, torch.Tensor]):
-    """The parallel drafter an engine DSpark/DFlash config describes, holding its weights (``vocab``: its
-    ``draft_vocab_size``, None = the target's)."""
+    """The parallel drafter an engine DSpark/DFlash config describes, holding its weights (``ids``: its
+    draft vocabulary, None = the target's)."""
     check_sizes(where, layer, target, our_layer_ids)
-    ids = ids_from_engine(where, vocab, weights, target)
     if markov_rank > 0 and head_type not in ("vanilla", "rnn"):
         raise ImportUnsupported(f"{where}: markov_head_type={head_type!r} has no deepspec equivalent "
                                 "(deepspec has markov = 'vanilla' and rnn)")

@@ -136,7 +136,7 @@ def test_round_trip_config_and_weights(target, exported, fmt):
     assert torch.equal(w["embed_tokens.weight"], target.embed_tokens.weight.detach())
     if maps:
         assert w["d2t"].dtype == torch.int64 and not w["d2t"].any() and w["t2d"].dtype == torch.bool and w["t2d"].all()
-    assert res[fmt].verified["reimport_max_abs_diff"] == 0.0 and res[fmt].verified["reference_max_abs_diff"] < 1e-5
+    assert res[fmt].verified["reimport_max_abs_diff"] == 0.0 and res[fmt].verified["engine_max_abs_diff"] < 1e-5
     # re-import: the same drafter (teacher-forced chains inside the probe, and decoding)
     back = import_draft(out, target)
     assert back.cfg.eagle3_layout == "engine" and back.algorithm == "eagle3"
@@ -290,7 +290,7 @@ def test_reduced_vocabulary_round_trip(target, pruned, fmt):
     assert w["d2t"].dtype == torch.int64 and torch.equal(torch.arange(120) + w["d2t"], ids)
     assert w["t2d"].shape == (V,) and int(w["t2d"].sum()) == 120 and bool(w["t2d"][ids].all())
     assert torch.equal(w["lm_head.weight"], target.lm_head.weight.detach()[ids])
-    assert res[fmt].verified["reimport_max_abs_diff"] == 0.0 and res[fmt].verified["reference_max_abs_diff"] < 1e-5
+    assert res[fmt].verified["reimport_max_abs_diff"] == 0.0 and res[fmt].verified["engine_max_abs_diff"] < 1e-5
     back = import_draft(out, target)
     assert back.cfg.vocab_size == 120 and torch.equal(back.draft_vocab, ids)
     batch = probe_batch(target, 4, seed=3)

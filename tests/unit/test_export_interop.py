@@ -5,8 +5,10 @@ For every draft kind: the peer's loader reports no missing or unexpected keys, t
 uses is the target's, and its logits match our drafter's within 1e-4 with the same top-1 token at
 every position, the target features taken the peer's way (speculators: ``hidden_states[aux id]``;
 SpecForge: its ``extract_context_feature``).  Features of the next layer up must fail that
-comparison.  A test skips only when the peer library cannot be imported (``bash tools/install.sh``
-installs both).
+comparison.  A reduced draft vocabulary in SpecForge (every token scored, the vocabulary one more
+Markov rank dimension): the logits on the draft vocabulary are compared, the full-vocabulary top-1
+must be ours, and the softmax must put exactly 0 outside the draft vocabulary.  A test skips only
+when the peer library cannot be imported (``bash tools/install.sh`` installs both).
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from deepspec.config import TargetConfig
 from deepspec.config.draft import DraftConfig
@@ -176,10 +178,19 @@ def test_speculators_runs_our_parallel_export(tiny_dir, tmp_path, kind, reduced)
     assert_match_and_shift_fails(lambda s: speculators_blocks(m, ids, hs, s), ours)
 
 
+def mass_outside(logits: torch.Tensor, vocab: torch.Tensor) -> float:
+    """The largest softmax probability mass (fp32) that logits [..., V] put outside the token ids ``vocab``."""
+    p = torch.softmax(logits.float(), -1)
+    outside = torch.ones(p.shape[-1], dtype=torch.bool)
+    outside[vocab] = False
+    return float(p[..., outside].sum(-1).max()) if bool(outside.any()) else 0.0
+
+
+@pytest.mark.parametrize("reduced", [False, True], ids=["full_vocab", "draft_vocab"])
 @pytest.mark.parametrize("kind", list(PARALLEL))
-def test_specforge_runs_our_sglang_export(tiny_dir, tmp_path, kind):
+def test_specforge_runs_our_sglang_export(tiny_dir, tmp_path, kind, reduced):
     target = make_target(tiny_dir, [1, 2])
-    d = trained(target, False, seed=2, **PARALLEL[kind])
+    d = trained(target, reduced, seed=2, **PARALLEL[kind])
     root = export(d, target, tiny_dir, tmp_path, ["sglang"])
     m = specforge_dspark(root / "sglang")
     assert type(m).__name__ == "DSparkDraftModel" and m.mask_token_id == d.mask_token_id
@@ -188,12 +199,42 @@ def test_specforge_runs_our_sglang_export(tiny_dir, tmp_path, kind):
     ids, batch, hs = probe(target)
     with torch.no_grad():
         ours = d.block_logits(batch)
-    assert_match_and_shift_fails(lambda s: specforge_blocks(m, target, ids, hs, s)[0], ours["logits"][0])
-    conf = specforge_blocks(m, target, ids, hs, 0)[1]
+    vocab = d.draft_vocab if reduced else torch.arange(target.vocab_size)
+    theirs, conf = specforge_blocks(m, target, ids, hs, 0)              # [anchors, γ, V]: every target token
+    assert mass_outside(theirs, vocab) == 0.0
+    assert torch.equal(theirs.argmax(-1), vocab[ours["logits"][0].argmax(-1)])
+    assert_match_and_shift_fails(lambda s: specforge_blocks(m, target, ids, hs, s)[0][..., vocab], ours["logits"][0])
     if d.cfg.confidence_head:            # its confidence head reads what ours reads
         assert float((conf - ours["confidence"][0]).abs().max()) <= 1e-4
     else:
         assert conf is None
+
+
+@pytest.mark.parametrize("damage", ["constant", "column_set"])
+def test_a_wrong_vocabulary_dimension_fails_in_specforge(tiny_dir, tmp_path, damage):
+    """The comparison above can fail: −1 instead of −2¹⁴ outside the draft vocabulary leaves probability there;
+    one draft token swapped with an outside token in markov_w2's last column moves a draft logit by ~2¹⁴."""
+    target = make_target(tiny_dir, [1, 2])
+    d = trained(target, True, seed=2, **PARALLEL["dspark_markov"])
+    path = export(d, target, tiny_dir, tmp_path, ["sglang"]) / "sglang"
+    w = load_file(str(path / "model.safetensors"))
+    col = w["markov_head.markov_w2.weight"][:, -1]
+    if damage == "constant":
+        col[col != 0] = -1.0
+    else:
+        inside, outside = int((col == 0).nonzero()[0]), int((col != 0).nonzero()[0])
+        col[inside], col[outside] = col[outside].clone(), 0.0
+    save_file(w, str(path / "model.safetensors"), metadata={"format": "pt"})
+    m = specforge_dspark(path)
+    ids, batch, hs = probe(target)
+    with torch.no_grad():
+        ours = d.block_logits(batch)["logits"][0]
+    theirs = specforge_blocks(m, target, ids, hs, 0)[0]
+    delta, _ = agreement(theirs[..., d.draft_vocab], ours)
+    if damage == "constant":
+        assert delta <= 1e-4 and mass_outside(theirs, d.draft_vocab) > 0.1
+    else:
+        assert delta > 1e3 and mass_outside(theirs, d.draft_vocab) > 1e-30
 
 
 def test_specforge_decoding_loop_gives_plain_greedy_tokens(tiny_dir, tmp_path):
@@ -296,10 +337,11 @@ def test_export_configs_name_what_each_reader_reads(tiny_dir, tmp_path):
 
 
 @pytest.mark.slow
-def test_smollm2_dspark_rnn_in_both_peers(reference_target_dir, tmp_path):
-    """The reference target: a DSpark-RNN draft over its default 5 feature layers, full vocabulary."""
+@pytest.mark.parametrize("reduced", [False, True], ids=["full_vocab", "draft_vocab"])
+def test_smollm2_dspark_rnn_in_both_peers(reference_target_dir, tmp_path, reduced):
+    """The reference target: a DSpark-RNN draft over its default 5 feature layers, full or reduced vocabulary."""
     target = make_target(reference_target_dir, None)
-    d = trained(target, False, seed=5, algorithm="dspark", sequential_head="rnn")
+    d = trained(target, reduced, seed=5, algorithm="dspark", sequential_head="rnn")
     root = export(d, target, reference_target_dir, tmp_path, ["vllm", "sglang"])
     ids, batch, hs = probe(target)
     with torch.no_grad():
@@ -308,7 +350,9 @@ def test_smollm2_dspark_rnn_in_both_peers(reference_target_dir, tmp_path):
     assert torch.equal(m.embed_tokens.weight, target.embed_tokens.weight)
     assert_match_and_shift_fails(lambda s: speculators_blocks(m, ids, hs, s), ours)
     sf = specforge_dspark(root / "sglang")
-    assert_match_and_shift_fails(lambda s: specforge_blocks(sf, target, ids, hs, s)[0], ours)
+    vocab = d.draft_vocab if reduced else torch.arange(target.vocab_size)
+    assert mass_outside(specforge_blocks(sf, target, ids, hs, 0)[0], vocab) == 0.0
+    assert_match_and_shift_fails(lambda s: specforge_blocks(sf, target, ids, hs, s)[0][..., vocab], ours)
     from deepspec.export.check import check_draft
     for fmt in ("vllm", "sglang"):                # `deepspec check` on the exports: the mask token <empty_output>
         report = check_draft(root / fmt, target)

@@ -1,4 +1,4 @@
-"""What the independent engine forwards share (`reference`, `reference_eagle3`), and the self-check's distance.
+"""What the independent engine forwards share (`engine_parallel`, `engine_eagle3`), and the self-check's distance.
 
 Written from the engines' code, not from `deepspec.drafts`: RMSNorm as the engines compute it
 and rotate-half (neox) RoPE at integer positions.

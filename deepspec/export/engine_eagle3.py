@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from .reference_math import rms_norm, rope
+from .engine_math import rms_norm, rope
 
 
 class EngineEagle3:

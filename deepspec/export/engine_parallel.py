@@ -10,8 +10,10 @@ the token at position anchor+k when ``sample_from_anchor``), and SGLang's
 ``models/dflash.py`` / ``models/dspark.py`` (same math).  A reduced draft vocabulary is
 vLLM's ``Qwen3DSparkForCausalLM``: draft logits from the checkpoint's own ``lm_head.weight``
 ``[N, H]`` plus the Markov bias (``markov_w2`` ``[N, r]``) in draft space, placed at the target
-ids ``arange(N) + d2t`` with −inf elsewhere.  Used to check that what we write computes what
-our drafter computes, by a second implementation.
+ids ``arange(N) + d2t`` with −inf elsewhere.  SGLang's DSpark (no ``d2t``) is computed as written: the
+target's LM head plus the Markov bias over every token, the draft vocabulary being one more rank of
+that head (`deepspec.export.vocab_rank`).  Used to check that what we write computes what our
+drafter computes, by a second implementation.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from .reference_math import rms_norm, rope
+from .engine_math import rms_norm, rope
 
 
 class EngineDraft:
@@ -117,7 +119,7 @@ class EngineDraft:
                     rows.append(torch.tanh(orr) @ w2.t())
                 bias = torch.stack(rows)
             else:
-                raise ValueError(f"reference forward: markov_head_type {self.markov_head_type!r} not implemented")
+                raise ValueError(f"engine forward: markov_head_type {self.markov_head_type!r} not implemented")
         conf = None
         if self.confidence:
             feats = torch.cat([hn, emb], -1) if self.confidence_with_markov else hn
