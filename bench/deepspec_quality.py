@@ -122,7 +122,9 @@ def run(args) -> Path:
             ev = heldout_metrics(drafter, source, held, cfg)
             metrics.write(json.dumps({"step": step, **{k: (None if isinstance(v, float) and math.isnan(v) else v)
                                                        for k, v in ev.items()}}) + "\n")
-            drafter.save_pretrained(run_dir / "checkpoints" / f"step_{step}")
+            out = run_dir / "checkpoints" / f"step_{step}"
+            drafter.save_pretrained(out)
+            (out / "run.yaml").write_text(to_yaml(cfg))     # as our checkpoints carry it: evals read the config
             print(f"step {step}: loss {rec['train/loss']:.4f}, held-out E[τ] {ev['eval/expected_tau']:.3f}",
                   flush=True)
         metrics.flush()
