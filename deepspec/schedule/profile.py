@@ -174,13 +174,6 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _rollback(cache, length: int) -> None:
-    """Crop a DynamicCache back to ``length`` tokens (negative crop works on old and new HF)."""
-    n = int(cache.get_seq_length()) - int(length)
-    if n > 0:
-        cache.crop(-n)
-
-
 def profile_sps(target, batch_sizes: Sequence[int], context_len: int = 256, repeats: int = 5,
                 mode: str = "requests", tokens_per_request: int = 8, warmup: int = 1,
                 seed: int = 0, requests: Optional[int] = None,
@@ -243,7 +236,7 @@ def profile_sps(target, batch_sizes: Sequence[int], context_len: int = 256, repe
             if step_cache is None:
                 del out
             else:
-                _rollback(step_cache, base)
+                target.rollback(step_cache, base)     # the target's rollback: recurrent layers too
             if i >= warmup:
                 times.append(dt)
         med = statistics.median(times)

@@ -5,10 +5,11 @@ import logging
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from ..config import TargetConfig
 from .adapter import TargetAdapter
+from .chat import resolve_template
 from .reference import fetch_reference
 from .tiny import build_tiny, parse_tiny_spec
 
@@ -39,6 +40,22 @@ def _template_kwargs(cfg: TargetConfig) -> dict:
     return kw
 
 
+def _attention_choice(name, path: str, kw: dict):
+    """``target.attn_implementation``, except that ``sdpa`` (the default) falls back to the model's own
+    choice for architectures transformers runs without sdpa (gpt-oss: attention sinks)."""
+    if name != "sdpa":
+        return name
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+    try:
+        cls = MODEL_FOR_CAUSAL_LM_MAPPING[type(AutoConfig.from_pretrained(path, **kw))]
+    except (KeyError, OSError, ValueError):
+        return name          # let from_pretrained report what is wrong with the model
+    if getattr(cls, "_supports_sdpa", True):
+        return name
+    log.info("target %s: %s has no sdpa attention; using its default", path, cls.__name__)
+    return None
+
+
 def load_target(cfg: TargetConfig, device: str | None = None) -> TargetAdapter:
     dev = resolve_device(device or cfg.device)
     dtype = resolve_dtype(cfg.dtype, dev)
@@ -61,9 +78,13 @@ def load_target(cfg: TargetConfig, device: str | None = None) -> TargetAdapter:
             kw["gguf_file"] = gguf
         tok = AutoTokenizer.from_pretrained(path, **kw)
         mkw = dict(kw, dtype=dtype)
-        if cfg.attn_implementation:
-            mkw["attn_implementation"] = cfg.attn_implementation
+        attn = _attention_choice(cfg.attn_implementation, path, kw)
+        if attn:
+            mkw["attn_implementation"] = attn
         model = AutoModelForCausalLM.from_pretrained(path, **mkw)
+    template = resolve_template(cfg.chat_template)
+    if template is not None:
+        tok.chat_template = template
     model = model.to(dev)
     return TargetAdapter(model, tok, layer_ids=cfg.layer_ids, num_feature_layers=cfg.num_feature_layers,
                          name=cfg.name, chat_template_kwargs=_template_kwargs(cfg))
