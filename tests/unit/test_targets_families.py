@@ -211,3 +211,56 @@ def test_the_embedded_engine_decodes_as_generate_does(family):
     a = HFEngine.from_target(t, batch_size=5, loop="generate").generate(prompts, sp)
     b = HFEngine.from_target(t, batch_size=5, loop="deepspec").generate(prompts, sp)
     assert [(x.text, x.num_tokens) for x in a] == [(x.text, x.num_tokens) for x in b]
+
+
+def _moe_with_router_outputs_on(family, num_layers):
+    """A tiny MoE target whose config asks for router logits (as some released MoE configs do)."""
+    from deepspec.targets import TargetAdapter
+    from deepspec.targets.tiny import build_tiny
+    model, tok = build_tiny(family, num_layers=num_layers)
+    model.config.output_router_logits = True
+    return TargetAdapter(model.float(), tok, num_feature_layers=5, name=f"tiny-{family}")
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss", "qwen3_next"])
+def test_moe_capture_is_the_residual_stream_at_the_recipe_layer_ids(family):
+    """Five evenly spaced layer ids (the recipes' default) on an 8-layer MoE: the features are the decoder
+    layers' outputs (`hidden_states[i + 1]`), no router output is computed or kept."""
+    t = _moe_with_router_outputs_on(family, num_layers=8)
+    assert t.layer_ids == [1, 2, 3, 4, 5] and t.model.config.output_router_logits is False
+    conv = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": TEXT}]
+    ids = torch.tensor([t.encode_chat(conv).input_ids])
+    cap = t.capture(ids)
+    assert cap.features.shape == (1, ids.shape[1], 5 * t.hidden_size)
+    with torch.no_grad():
+        out = t.model(ids, output_hidden_states=True)
+    assert getattr(out, "router_logits", None) is None
+    for k, i in enumerate(t.layer_ids):
+        torch.testing.assert_close(cap.features[..., k * t.hidden_size:(k + 1) * t.hidden_size],
+                                   out.hidden_states[i + 1], rtol=1e-5, atol=1e-5)
+
+
+def test_moe_cache_is_the_size_of_the_dense_cache(tmp_path):
+    """qwen3_moe and dense qwen3 share the tokenizer and H: their caches of the same conversations hold
+    tensors of the same shapes, token for token."""
+    from deepspec.cache import CacheReader
+    from deepspec.config import load_config
+    from deepspec.prepare import build_cache
+    from deepspec.prepare.synthetic import write_regen_jsonl
+    write_regen_jsonl(tmp_path / "regen.jsonl", 6, seed=1, max_words=30)
+    readers = {}
+    targets = {"moe": _moe_with_router_outputs_on("qwen3_moe", 8),
+               "dense": make_tiny_target("qwen3", num_layers=8, num_feature_layers=5)}
+    for name, target in targets.items():
+        cfg = load_config([f"run_dir={tmp_path / name}", f"data.regen_path={tmp_path / 'regen.jsonl'}",
+                           f"cache.dir={tmp_path / name / 'cache'}", "cache.shard_samples=3", "data.max_length=128"])
+        readers[name] = CacheReader(build_cache(cfg, target=target, progress=False))
+    moe, dense = readers["moe"], readers["dense"]
+    for key in ("layer_ids", "hidden_size", "feature_dim"):
+        assert moe.manifest[key] == dense.manifest[key]
+    assert len(moe) == len(dense) == 6
+    for i in range(6):
+        a, b = moe[i], dense[i]
+        assert torch.equal(a["input_ids"], b["input_ids"])
+        assert {k: tuple(v.shape) for k, v in a.items()} == {k: tuple(v.shape) for k, v in b.items()}
+        assert a["features"].dtype == b["features"].dtype
