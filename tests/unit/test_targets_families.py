@@ -264,3 +264,21 @@ def test_moe_cache_is_the_size_of_the_dense_cache(tmp_path):
         assert torch.equal(a["input_ids"], b["input_ids"])
         assert {k: tuple(v.shape) for k, v in a.items()} == {k: tuple(v.shape) for k, v in b.items()}
         assert a["features"].dtype == b["features"].dtype
+
+
+@pytest.mark.parametrize("family,cls,attn", [("gpt_oss", "GptOssForCausalLM", "eager"),
+                                             ("gemma3_mm", "Gemma3ForConditionalGeneration", "sdpa")])
+def test_saved_checkpoints_load_through_the_generic_loader(tmp_path, family, cls, attn):
+    """From an HF directory: gpt-oss has no sdpa attention (the default target.attn_implementation), so the
+    loader takes the model's own; the multimodal checkpoint loads whole and the adapter drives its text model."""
+    from deepspec.config import TargetConfig
+    from deepspec.targets import load_target
+    from deepspec.targets.tiny import save_tiny
+    save_tiny(family, tmp_path / family)
+    t = load_target(TargetConfig(name=family, path=str(tmp_path / family), dtype="float32", device="cpu"))
+    assert type(t.model).__name__ == cls and t.model.config._attn_implementation == attn
+    assert t.arch.describe() == dict(zip(("layer_kinds", "sliding_window", "attention_sinks", "experts"),
+                                         EXPECTED[family]))
+    ref = make_tiny_target(family)
+    ids = torch.randint(10, t.vocab_size, (1, 24), generator=torch.Generator().manual_seed(3))
+    torch.testing.assert_close(t.decode(ids).logits, ref.decode(ids).logits, rtol=1e-5, atol=1e-5)
