@@ -244,6 +244,9 @@ class TargetAdapter:
         else:
             ctx = nullcontext()
         rec_state = recurrent.is_recurrent(past_key_values)
+        if self.arch.recurrent and not rec_state:
+            raise TargetUnsupported(f"target {self.name}: its recurrent layers need a cache from "
+                                    "TargetAdapter.new_cache() (one that records their states)")
         if rec_state:
             recurrent.before_forward(past_key_values, int(input_ids.shape[1]))
         with self._record_layers() as rec, ctx:

@@ -176,6 +176,9 @@ def test_recurrent_layers_refuse_trees_and_rollbacks_past_their_record():
         t.rollback(cache, 10)                          # the prompt's own tokens are committed
     with pytest.raises(TargetUnsupported, match="one sequence, not a tree"):
         t.keep_positions(cache, 20, torch.tensor([0, 2]))
+    from transformers import DynamicCache
+    with pytest.raises(TargetUnsupported, match="need a cache from TargetAdapter.new_cache"):
+        t.decode(ids[:, :4], DynamicCache())
 
 
 def test_a_rolling_sliding_window_cache_is_refused_not_cropped_wrong():
