@@ -202,6 +202,8 @@ def main(argv=None) -> int:
                    help="decode nothing: combine the finished evals under --work/eval/LABEL (each with the settings "
                         "it ran with, e.g. from separate invocations) into one record with the ratios")
     p.add_argument("--out", default=None, help="record path (default: bench/results/eval_drafters[-LABEL].json)")
+    p.add_argument("--note", action="append", default=[], metavar="TEXT",
+                   help="a line of the record's notes (e.g. what was sized down and why); repeatable")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
@@ -243,7 +245,7 @@ def main(argv=None) -> int:
               "machine": {"platform": platform.platform(), "processor": platform.processor(),
                           "python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count(),
                           "loadavg_start": os.getloadavg()},
-              "drafters": drafters, "ratios": {}}
+              "drafters": drafters, "ratios": {}, "notes": list(args.note)}
 
     def one(job):
         if args.no_eval:   # what an earlier invocation decoded, as it is
