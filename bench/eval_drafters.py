@@ -54,7 +54,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.eval_tables import eval_summary, fmt_ci, markdown, paired_ratio, read_jsonl, request_table  # noqa: E402
-from bench.records import record_path  # noqa: E402
+from bench.records import record_path, repo_relative  # noqa: E402
 from bench.reference import DOMAIN_BENCHES  # noqa: E402
 from deepspec.train.checkpoint import CheckpointError, is_complete, latest_checkpoint, run_config_path  # noqa: E402
 
@@ -278,7 +278,7 @@ def main(argv=None) -> int:
         except ValueError as e:
             record["ratios"][key] = {"error": str(e)}
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=2, default=str) + "\n")
+    out.write_text(repo_relative(json.dumps(record, indent=2, default=str)) + "\n")   # no machine paths
     md = markdown(record)
     out.with_suffix(".md").write_text(md)
     print(md)
