@@ -19,7 +19,10 @@ from __future__ import annotations
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer, LinearAttentionCacheLayerMixin
+try:
+    from transformers.cache_utils import DynamicLayer, LinearAttentionCacheLayerMixin
+except ImportError:         # transformers before per-layer recurrent caches
+    DynamicLayer = LinearAttentionCacheLayerMixin = None
 
 from .architecture import TargetUnsupported
 
@@ -33,6 +36,9 @@ _PENDING = "_deepspec_pending"
 def new_cache(config, layer_types) -> DynamicCache:
     """A cache for a model with recurrent layers: transformers' per-layer cache classes, except that
     attention layers (sliding ones included) keep every position; past recording switched on."""
+    if LinearAttentionCacheLayerMixin is None:
+        raise TargetUnsupported("decoding a model with recurrent layers needs transformers' per-layer recurrent "
+                                "caches (transformers 5.x)")
     cache = DynamicCache(config=config)
     for i, kind in enumerate(layer_types):
         if kind in ("full_attention", "sliding_attention"):
