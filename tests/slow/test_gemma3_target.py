@@ -62,7 +62,7 @@ def test_chains_and_trees_past_the_window_are_lossless(gemma):
     t, greedy = gemma, make_warp(0.0)
     text = " ".join(f"Item {i}: the {['red', 'green', 'blue'][i % 3]} box holds {i * 7} marbles." for i in range(40))
     prompt = encode_prompt(t.tokenizer, [{"role": "user", "content": text + " List the next three items."}])
-    assert len(prompt) > 600
+    assert len(prompt) > 512 + 24                       # every sliding layer drops keys
     base = target_generate(t, prompt, max_new_tokens=24, warp=greedy, eos_token_ids=[]).tokens
     chain = speculative_generate(t, TargetAsDraft(t, gamma=3), prompt, gamma=3, max_new_tokens=24, warp=greedy,
                                  eos_token_ids=[])
