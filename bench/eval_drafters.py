@@ -216,6 +216,8 @@ def parser() -> argparse.ArgumentParser:
                    help="with --confidence: keep the target's greedy paths here (read when written for the same "
                         "target and prompts, else decoded and written)")
     p.add_argument("--out", default=None, help="record path (default: bench/results/eval_drafters[-LABEL].json)")
+    p.add_argument("--note", action="append", default=[], metavar="TEXT",
+                   help="a line of the record's notes (e.g. what was sized down and why); repeatable")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     return p
 
@@ -323,7 +325,7 @@ def main(argv=None) -> int:
                                    "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
                                    "multi_turn": args.multi_turn, "data_dir": str(Path(args.data_dir).resolve()),
                                    "bootstrap_resamples": args.resamples, "seed": args.seed, "extra": list(args.extra)},
-                    drafters=drafters)
+                    drafters=drafters, notes=list(args.note))
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         list(pool.map(lambda job: collect(args, job, drafters[job["label"]]), jobs))
     record["machine"]["loadavg_end"] = list(os.getloadavg())

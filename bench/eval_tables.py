@@ -194,6 +194,8 @@ def markdown(record: Mapping[str, Any]) -> str:
             ratios[p]["error"] if ratios[p].get("error") else
             f"{fmt_ci(ratios[p]['ratio'], ratios[p]['ratio_ci95'], 3)} ({_f(ratios[p]['tau_a'])} ÷ {_f(ratios[p]['tau_b'])})"
             for p in pairs) + " |")
+    if record.get("notes"):
+        out += ["", "Notes:", ""] + [f"- {repo_relative(n)}" for n in record["notes"]]
     return "\n".join(out) + "\n"
 
 

@@ -25,4 +25,7 @@ class TargetConfig:
     # Chat template switches (e.g. Qwen3 ``enable_thinking``); None = template default.
     enable_thinking: Optional[bool] = None
     chat_template_kwargs: Dict[str, Any] = field(default_factory=dict)
+    # None = the tokenizer's own chat template; ``plain`` = a plain-text transcript for base models
+    # without one (`deepspec.targets.chat.PLAIN_TEMPLATE`); or the path of a Jinja file.
+    chat_template: Optional[str] = None
     attn_implementation: Optional[str] = "sdpa"

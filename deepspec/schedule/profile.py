@@ -174,13 +174,6 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _rollback(cache, length: int) -> None:
-    """Crop a DynamicCache back to ``length`` tokens (negative crop works on old and new HF)."""
-    n = int(cache.get_seq_length()) - int(length)
-    if n > 0:
-        cache.crop(-n)
-
-
 def request_shape(B: int, tokens_per_request: int, requests: Optional[int]) -> Tuple[int, int]:
     """[R, t] new tokens for B batch tokens: R fixed (``requests``), or t = min(tokens per request, B)."""
     if requests:
@@ -203,7 +196,7 @@ def _time_steps(target, rand, shape, cache, base: int, warmup: int, repeats: int
         if cache is None:
             del out
         else:
-            _rollback(cache, base)
+            target.rollback(cache, base)     # the target's rollback: recurrent layers too
         if i >= warmup:
             times.append(dt)
     return times

@@ -9,6 +9,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from ..config import TargetConfig
 from .adapter import TargetAdapter
+from .chat import resolve_template
 from .load_errors import explain
 from .reference import fetch_reference
 from .tiny import build_tiny, parse_tiny_spec
@@ -58,6 +59,22 @@ def check_target_source(cfg: TargetConfig) -> None:
         raise explain(e, cfg.path, "model") from e
 
 
+def _attention_choice(name, path: str, kw: dict):
+    """``target.attn_implementation``, except that ``sdpa`` (the default) falls back to the model's own
+    choice for architectures transformers runs without sdpa (gpt-oss: attention sinks)."""
+    if name != "sdpa":
+        return name
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+    try:
+        cls = MODEL_FOR_CAUSAL_LM_MAPPING[type(AutoConfig.from_pretrained(path, **kw))]
+    except (KeyError, OSError, ValueError):
+        return name          # let from_pretrained report what is wrong with the model
+    if getattr(cls, "_supports_sdpa", True):
+        return name
+    log.info("target %s: %s has no sdpa attention; using its default", path, cls.__name__)
+    return None
+
+
 def load_target(cfg: TargetConfig, device: str | None = None) -> TargetAdapter:
     dev = resolve_device(device or cfg.device)
     dtype = resolve_dtype(cfg.dtype, dev)
@@ -83,12 +100,16 @@ def load_target(cfg: TargetConfig, device: str | None = None) -> TargetAdapter:
         except (OSError, ValueError) as e:
             raise explain(e, cfg.path, "tokenizer") from e
         mkw = dict(kw, dtype=dtype)
-        if cfg.attn_implementation:
-            mkw["attn_implementation"] = cfg.attn_implementation
+        attn = _attention_choice(cfg.attn_implementation, path, kw)
+        if attn:
+            mkw["attn_implementation"] = attn
         try:
             model = AutoModelForCausalLM.from_pretrained(path, **mkw)
         except (OSError, ValueError) as e:
             raise explain(e, cfg.path, "model") from e
+    template = resolve_template(cfg.chat_template)
+    if template is not None:
+        tok.chat_template = template
     model = model.to(dev)
     return TargetAdapter(model, tok, layer_ids=cfg.layer_ids, num_feature_layers=cfg.num_feature_layers,
                          name=cfg.name, chat_template_kwargs=_template_kwargs(cfg))

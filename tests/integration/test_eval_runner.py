@@ -170,7 +170,7 @@ def test_eval_tree_verification(tmp_path, eval_data_dir):
                                         ("eval.confidence_threshold=0.5", "cannot be combined"),
                                         ("eval.tree_width=0", "must be ≥ 1"),
                                         ("draft=eagle3", "eagle3 drafter drafts chains only"),
-                                        ("target.path=tiny:gemma3", "sliding-window")]):
+                                        ("target.path=tiny:qwen3_next", "linear_attention layers carry a recurrent")]):
         with pytest.raises(ConfigError, match=match):
             run(_cfg(tmp_path / f"bad{i}", eval_data_dir, "eval.tree_nodes=6", extra))
 
