@@ -248,8 +248,8 @@ def test_moe_cache_is_the_size_of_the_dense_cache(tmp_path):
     tensors of the same shapes, token for token."""
     from deepspec.cache import CacheReader
     from deepspec.config import load_config
-    from deepspec.prepare import build_cache
-    from deepspec.prepare.synthetic import write_regen_jsonl
+    from deepspec.cache.writer import build_cache
+    from tests.support.synthetic import write_regen_jsonl
     write_regen_jsonl(tmp_path / "regen.jsonl", 6, seed=1, max_words=30)
     readers = {}
     targets = {"moe": _moe_with_router_outputs_on("qwen3_moe", 8),
