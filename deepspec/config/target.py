@@ -21,6 +21,11 @@ class TargetConfig:
     # auto = bf16 on GPUs, fp32 on CPUs; or bfloat16 | float16 | float32 (bf16 | fp16 | fp32 alike).
     dtype: Literal["auto", "bfloat16", "float16", "float32", "bf16", "fp16", "fp32"] = "auto"
     device: str = "auto"
+    # Place the target's layers over several devices with accelerate (transformers' ``device_map``):
+    # "auto" | "balanced" | "balanced_low_0" | "sequential", for a target too large for one device in
+    # regeneration, cache capture and online training (inputs go to its embedding's device, features are
+    # gathered there).  null = the whole model on target.device.
+    device_map: Optional[str] = None
     trust_remote_code: bool = False
     # Chat template switches (e.g. Qwen3 ``enable_thinking``); None = template default.
     enable_thinking: Optional[bool] = None

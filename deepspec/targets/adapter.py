@@ -67,7 +67,10 @@ class _LayerRecorder:
         return fn
 
     def features(self) -> torch.Tensor:
-        return torch.cat([self.outputs[i] for i in self.layer_ids], dim=-1)
+        """The configured layers' outputs concatenated, on the device of the first (a target placed over several
+        devices with ``target.device_map`` leaves them where each layer ran)."""
+        first = self.outputs[self.layer_ids[0]].device
+        return torch.cat([self.outputs[i].to(first) for i in self.layer_ids], dim=-1)
 
 
 def _check_rolling(cache) -> None:

@@ -82,6 +82,8 @@ def load_target(cfg: TargetConfig, device: str | None = None) -> TargetAdapter:
         log.warning("target.trust_remote_code=true: code shipped with %s will be executed", cfg.path)
     tiny = parse_tiny_spec(cfg.path)
     if tiny is not None:
+        if cfg.device_map:
+            raise ValueError(f"target.device_map={cfg.device_map!r}: a tiny target is built in memory; leave it null")
         model, tok = build_tiny(**tiny)
         model = model.to(dtype)
     else:
@@ -103,6 +105,8 @@ def load_target(cfg: TargetConfig, device: str | None = None) -> TargetAdapter:
         attn = _attention_choice(cfg.attn_implementation, path, kw)
         if attn:
             mkw["attn_implementation"] = attn
+        if cfg.device_map:
+            mkw["device_map"] = cfg.device_map     # accelerate places the layers (and the tied head)
         try:
             model = AutoModelForCausalLM.from_pretrained(path, **mkw)
         except (OSError, ValueError) as e:
@@ -110,6 +114,7 @@ def load_target(cfg: TargetConfig, device: str | None = None) -> TargetAdapter:
     template = resolve_template(cfg.chat_template)
     if template is not None:
         tok.chat_template = template
-    model = model.to(dev)
+    if not cfg.device_map:
+        model = model.to(dev)
     return TargetAdapter(model, tok, layer_ids=cfg.layer_ids, num_feature_layers=cfg.num_feature_layers,
                          name=cfg.name, chat_template_kwargs=_template_kwargs(cfg))
