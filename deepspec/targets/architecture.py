@@ -107,7 +107,7 @@ def architecture(model) -> Architecture:
     cfg = _text_config(model)
     types = _layer_types(cfg)
     window = getattr(cfg, "sliding_window", None) if "sliding_attention" in types else None
-    sinks = any(hasattr(m, "sinks") for m in model.get_decoder().layers[0].modules())
+    sinks = any(hasattr(m, "sinks") for layer in list(model.get_decoder().layers)[:1] for m in layer.modules())
     return Architecture(model_type=str(getattr(cfg, "model_type", "")), layer_types=types,
                         sliding_window=int(window) if window else None, attention_sinks=sinks,
                         experts=_experts(cfg))
