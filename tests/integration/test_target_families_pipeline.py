@@ -38,7 +38,7 @@ def _overrides(tmp, family, *extra):
             f"data.regen_path={tmp / 'prepare' / 'regen' / 'regen.jsonl'}",
             "draft.num_layers=1", "draft.gamma=3", "train.strategy=single", "train.max_steps=3",
             "train.global_batch_sequences=4", "train.micro_batch_sequences=2", "train.anchors_per_sequence=4",
-            "train.save_every=0", "train.eval_every=0", "train.heldout_fraction=0", "train.bf16=false",
+            "train.save_every=0", "train.eval_every=0", "train.bf16=false",
             *extra]
 
 

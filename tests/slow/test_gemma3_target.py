@@ -85,7 +85,7 @@ def test_prepare_train_with_a_draft_vocabulary_eval_export(tmp_path, eval_data_d
           f"data.path={tmp_path / 'p.jsonl'}", "data.heldout_fraction=0", "engine.max_new_tokens=8",
           "engine.batch_size=4", "engine.progress=false", "draft.vocab_size=512", "train.max_steps=2",
           "train.global_batch_sequences=2", "train.micro_batch_sequences=2", "train.anchors_per_sequence=4",
-          "train.heldout_fraction=0", "train.save_every=0", "train.eval_every=0", f"eval.data_dir={eval_data_dir}",
+          "train.save_every=0", "train.eval_every=0", f"eval.data_dir={eval_data_dir}",
           "eval.benchmarks=[gsm8k]", "eval.max_samples=1", "eval.max_new_tokens=8", "eval.progress=false",
           "eval.bootstrap_resamples=50"]
     assert prepare(load_config(ov)) == 0
