@@ -32,8 +32,16 @@ of mt-bench included) are the same; sampled evals are paired by prompt only.
 instance one invocation per drafter, started as each training run finished) into one record with the
 ratios; each eval keeps the settings it ran with (its results.json and eval_drafters.yaml say which).
 
-Writes `bench/results/eval_drafters.{json,md}` (``--label L``: `eval_drafters-L.{json,md}`); the numbers
-and tables are `bench/eval_tables.py`'s.
+``--confidence NAME=EVAL_DIR …`` decodes no draft: it takes finished greedy first-turn evals of the same
+prompts and target (e.g. those under ``--work/eval/``), decodes the prompts once more with the target
+alone (``--paths`` keeps that greedy path for later analyses) and reports how confident the target is
+along its own output (share of tokens per bin of its top-1 probability) and how often each drafter's
+position passes per bin, at position 1 and over all positions, with the position-1 misses that propose
+the anchor token again or skip one token.
+
+Writes `bench/results/eval_drafters.{json,md}` (``--label L``: `eval_drafters-L.{json,md}`), with
+``--confidence`` `bench/results/target_confidence[-L].{json,md}`; the numbers and tables are
+`bench/eval_tables.py`'s.
 """
 from __future__ import annotations
 
@@ -41,7 +49,6 @@ import argparse
 import datetime as dt
 import json
 import os
-import platform
 import re
 import subprocess
 import sys
@@ -53,8 +60,10 @@ from typing import Any, Dict, List, Sequence, Tuple
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.eval_tables import eval_summary, fmt_ci, markdown, paired_ratio, read_jsonl, request_table  # noqa: E402
-from bench.records import record_path  # noqa: E402
+from bench.eval_tables import (acceptance, bin_names, cached_paths, confidence_markdown, eval_settings,  # noqa: E402
+                               eval_summary, fmt_ci, greedy_paths, markdown, paired_ratio, read_jsonl, read_rounds,
+                               request_table, target_shares)
+from bench.records import header, repo_relative, write_record  # noqa: E402
 from bench.reference import DOMAIN_BENCHES  # noqa: E402
 from deepspec.train.checkpoint import CheckpointError, is_complete, latest_checkpoint, run_config_path  # noqa: E402
 
@@ -124,12 +133,10 @@ def select_drafters(curves: Sequence[str], runs: Sequence[str], only: Sequence[s
 
 def eval_config(run_yaml: Path, checkpoint: Path, out_dir: Path, overrides: Sequence[str]):
     """The training run's resolved config with ``eval.checkpoint``, ``eval.out_dir`` and the overrides."""
-    from omegaconf import OmegaConf
-    from deepspec.config import config_from_yaml, to_object
+    from deepspec.config import config_from_yaml, with_overrides
     cfg = config_from_yaml(run_yaml)
-    dots = [f"eval.checkpoint={checkpoint}", f"eval.out_dir={out_dir}", "eval.progress=false", "eval.decoding=chain",
-            *overrides]
-    return to_object(OmegaConf.merge(OmegaConf.structured(cfg), OmegaConf.from_dotlist(dots)))
+    return with_overrides(cfg, [f"eval.checkpoint={checkpoint}", f"eval.out_dir={out_dir}", "eval.progress=false",
+                                "eval.decoding=chain", *overrides])
 
 
 # -- the evals, each in its own process ---------------------------------------------------------------
@@ -176,7 +183,7 @@ def parse_ratios(specs: Sequence[str], labels: Sequence[str]) -> List[Tuple[str,
     return out
 
 
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--curve", nargs="+", action="extend", default=[], metavar="RECORD",
                    help="bench/learning_curve.py records whose drafters (run_dir) are evaluated")
@@ -202,32 +209,35 @@ def main(argv=None) -> int:
     p.add_argument("--no-eval", action="store_true",
                    help="decode nothing: combine the finished evals under --work/eval/LABEL (each with the settings "
                         "it ran with, e.g. from separate invocations) into one record with the ratios")
+    p.add_argument("--confidence", nargs="+", default=None, metavar="NAME=EVAL_DIR",
+                   help="decode nothing: analyse these finished greedy first-turn evals of the same prompts and "
+                        "target against the target's confidence (record target_confidence[-LABEL].{json,md})")
+    p.add_argument("--paths", default=None, metavar="JSON",
+                   help="with --confidence: keep the target's greedy paths here (read when written for the same "
+                        "target and prompts, else decoded and written)")
     p.add_argument("--out", default=None, help="record path (default: bench/results/eval_drafters[-LABEL].json)")
+    p.add_argument("--note", action="append", default=[], metavar="TEXT",
+                   help="a line of the record's notes (e.g. what was sized down and why); repeatable")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    if args.worker:
-        return worker(args.worker, args.threads)
-    out = Path(args.out) if args.out else record_path("eval_drafters", args.label)
-    work = Path(args.work or REPO / "bench" / "work" / f"eval_drafters{'-' + args.label if args.label else ''}")
-    drafters = select_drafters(args.curve, args.run, args.only)
-    pairs = parse_ratios(args.ratio, list(drafters))
-    settings = {"benchmarks": list(args.benchmarks), "max_samples": args.max_samples,
-                "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "multi_turn": args.multi_turn,
-                "data_dir": str(Path(args.data_dir).resolve()), "bootstrap_resamples": args.resamples,
-                "seed": args.seed, "extra": list(args.extra)}
-    overrides = [f"eval.benchmarks=[{','.join(args.benchmarks)}]", f"eval.max_samples={args.max_samples}",
-                 f"eval.max_new_tokens={args.max_new_tokens}", f"eval.temperature={args.temperature}",
-                 f"eval.multi_turn={str(args.multi_turn).lower()}", f"eval.data_dir={settings['data_dir']}",
-                 f"eval.bootstrap_resamples={args.resamples}", f"eval.seed={args.seed}",
-                 f"eval.rerun={str(args.rerun).lower()}", *args.extra]
+    return p
+
+
+def eval_jobs(args, drafters: Dict[str, Dict[str, Any]], work: Path) -> List[Dict[str, str]]:
+    """One eval job per drafter at its final checkpoint: its config written to ``work/eval/LABEL`` (unless
+    ``--no-eval``), the drafter's entry completed with its checkpoint, step and eval directory."""
     from deepspec.config import to_yaml
-    import torch
+    settings_overrides = [f"eval.benchmarks=[{','.join(args.benchmarks)}]", f"eval.max_samples={args.max_samples}",
+                          f"eval.max_new_tokens={args.max_new_tokens}", f"eval.temperature={args.temperature}",
+                          f"eval.multi_turn={str(args.multi_turn).lower()}",
+                          f"eval.data_dir={Path(args.data_dir).resolve()}",
+                          f"eval.bootstrap_resamples={args.resamples}", f"eval.seed={args.seed}",
+                          f"eval.rerun={str(args.rerun).lower()}", *args.extra]
     jobs = []
     for label, d in drafters.items():
         ck, step = final_checkpoint(d["run_dir"])
         eval_out = (work / "eval" / label).resolve()
         try:
-            cfg = eval_config(run_config_path(d["run_dir"], ck), ck.resolve(), eval_out, overrides)
+            cfg = eval_config(run_config_path(d["run_dir"], ck), ck.resolve(), eval_out, settings_overrides)
         except CheckpointError as e:
             raise SystemExit(str(e)) from None
         if not args.no_eval:
@@ -238,50 +248,91 @@ def main(argv=None) -> int:
         if step < cfg.train.max_steps:
             print(f"{label}: newest checkpoint is step {step} of {cfg.train.max_steps} (training not finished)")
         jobs.append({"label": label, "eval_dir": str(eval_out), "config": str(eval_out / "eval_drafters.yaml")})
-    record = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "label": args.label,
-              "command": " ".join([sys.executable, *sys.argv]), "args": vars(args), "eval_settings": settings,
-              "jobs": args.jobs, "threads": args.threads,
-              "machine": {"platform": platform.platform(), "processor": platform.processor(),
-                          "python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count(),
-                          "loadavg_start": os.getloadavg()},
-              "drafters": drafters, "ratios": {}}
+    return jobs
 
-    def one(job):
-        if args.no_eval:   # what an earlier invocation decoded, as it is
-            done = (Path(job["eval_dir"]) / "results.json").is_file()
-            r = {"returncode": 0 if done else 1, "reused": True, "eval_s": 0.0}
-        else:
-            r = run_eval(job, args.threads)
-        d = drafters[job["label"]]
-        d.update({k: v for k, v in r.items() if k != "returncode"})
-        res = Path(job["eval_dir"]) / "results.json"
-        if r["returncode"] != 0 or not res.is_file():
-            d["error"] = f"eval exited with {r['returncode']}; see {Path(job['eval_dir']) / 'eval_drafters.log'}"
-        else:
-            d["result"] = eval_summary(json.loads(res.read_text()))
-        m = (d.get("result") or {}).get("macro") or {}
-        print(f"{job['label']}: {'reused' if r['reused'] else 'evaluated'} in {r['eval_s']:.0f} s, macro τ "
-              f"{fmt_ci(m.get('tau'), m.get('tau_ci95'), 3)}" if "result" in d else f"{job['label']}: {d['error']}",
-              flush=True)
-    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        list(pool.map(one, jobs))
-    record["machine"]["loadavg_end"] = os.getloadavg()
+
+def collect(args, job: Dict[str, str], d: Dict[str, Any]) -> None:
+    """Run (or, with ``--no-eval``, find) one drafter's eval and put its summary or error into ``d``."""
+    if args.no_eval:   # what an earlier invocation decoded, as it is
+        done = (Path(job["eval_dir"]) / "results.json").is_file()
+        r = {"returncode": 0 if done else 1, "reused": True, "eval_s": 0.0}
+    else:
+        r = run_eval(job, args.threads)
+    d.update({k: v for k, v in r.items() if k != "returncode"})
+    res = Path(job["eval_dir"]) / "results.json"
+    if r["returncode"] != 0 or not res.is_file():
+        d["error"] = f"eval exited with {r['returncode']}; see {Path(job['eval_dir']) / 'eval_drafters.log'}"
+        print(f"{job['label']}: {d['error']}", flush=True)
+        return
+    d["result"] = eval_summary(json.loads(res.read_text()))
+    m = d["result"].get("macro") or {}
+    print(f"{job['label']}: {'reused' if r['reused'] else 'evaluated'} in {r['eval_s']:.0f} s, macro τ "
+          f"{fmt_ci(m.get('tau'), m.get('tau_ci95'), 3)}", flush=True)
+
+
+def ratios(drafters: Dict[str, Dict[str, Any]], pairs, resamples: int, seed: int) -> Dict[str, Any]:
+    out = {}
     for a, b in pairs:
         key = f"{a}/{b}"
         if not (drafters[a].get("result") and drafters[b].get("result")):
-            record["ratios"][key] = {"error": "an eval failed"}
+            out[key] = {"error": "an eval failed"}
             continue
         ta, tb = (request_table(read_jsonl(Path(drafters[x]["eval_dir"]) / "samples.jsonl")) for x in (a, b))
         try:
-            record["ratios"][key] = paired_ratio(ta, tb, args.resamples, args.seed)
+            out[key] = paired_ratio(ta, tb, resamples, seed)
         except ValueError as e:
-            record["ratios"][key] = {"error": str(e)}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=2, default=str) + "\n")
-    md = markdown(record)
-    out.with_suffix(".md").write_text(md)
+            out[key] = {"error": str(e)}
+    return out
+
+
+def confidence(args) -> int:
+    """``--confidence``: the finished greedy evals against the target's confidence along its greedy path."""
+    evals, key, cfg = {}, None, None
+    for spec in args.confidence:
+        name, sep, d = spec.partition("=")
+        if not sep or not name or not d:
+            raise SystemExit(f"--confidence {spec!r}: expected NAME=EVAL_DIR")
+        c, k = eval_settings(Path(d))
+        if key is not None and k != key:
+            raise SystemExit(f"--confidence {name}: its target or prompts {k} differ from the first eval's {key}")
+        cfg, key = cfg or c, key or k
+        evals[name] = (Path(d), read_rounds(Path(d) / "rollouts.jsonl"))
+    paths, bench_of = cached_paths(Path(args.paths), cfg, key) if args.paths else greedy_paths(cfg)
+    record = header(settings={"target": key[0], "dtype": key[1], "benchmarks": list(key[3]), "max_samples": key[4],
+                              "max_new_tokens": key[5]},
+                    bins=bin_names(), target=target_shares(paths, bench_of),
+                    drafters={n: {"eval_dir": str(d.resolve()), **acceptance(rs, paths)} for n, (d, rs) in evals.items()})
+    record["command"] = repo_relative(record["command"])
+    md = confidence_markdown(record)
     print(md)
-    print(f"wrote {out} and its .md")
+    write_record(record, "target_confidence", args.out, args.label, markdown=md)
+    return 0
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    if args.worker:
+        return worker(args.worker, args.threads)
+    if args.confidence:
+        return confidence(args)
+    work = Path(args.work or REPO / "bench" / "work" / f"eval_drafters{'-' + args.label if args.label else ''}")
+    drafters = select_drafters(args.curve, args.run, args.only)
+    pairs = parse_ratios(args.ratio, list(drafters))
+    jobs = eval_jobs(args, drafters, work)
+    import torch  # noqa: F401  (loaded, so header() records its version and threads)
+    record = header(label=args.label, args=vars(args), jobs=args.jobs, threads=args.threads,
+                    eval_settings={"benchmarks": list(args.benchmarks), "max_samples": args.max_samples,
+                                   "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
+                                   "multi_turn": args.multi_turn, "data_dir": str(Path(args.data_dir).resolve()),
+                                   "bootstrap_resamples": args.resamples, "seed": args.seed, "extra": list(args.extra)},
+                    drafters=drafters, notes=list(args.note))
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        list(pool.map(lambda job: collect(args, job, drafters[job["label"]]), jobs))
+    record["machine"]["loadavg_end"] = list(os.getloadavg())
+    record["ratios"] = ratios(drafters, pairs, args.resamples, args.seed)
+    md = markdown(record)
+    print(md)
+    write_record(record, "eval_drafters", args.out, args.label, markdown=md)
     return 0 if all(d.get("result") for d in drafters.values()) else 1
 
 

@@ -6,9 +6,20 @@
   benchmark-stratified bootstrap of the ratio of two evals' macro τ (`deepspec.eval.bootstrap`'s resampling,
   the same index draws applied to both).
 - `markdown`: the record's tables.
+- the ``--confidence`` analysis (`greedy_paths`, `target_shares`, `acceptance`, `confidence_markdown`): finished
+  greedy evals of the same prompts against the target's confidence along its own greedy path.  The
+  prompts are decoded once more with the target alone (its greedy path, in the evals' dtype), with the
+  target's top-1 probability (softmax at temperature 1) at every token; a round that starts after m output
+  tokens checks draft position k against the target's distribution of output token m + k − 1, reached
+  when the k − 1 positions before it passed.  Acceptance per bin of that probability, at position 1 and
+  over all positions, from each eval's rollouts, and how many position-1 misses propose the anchor token
+  again or the token after the next one.  A round whose accepted drafts are not the plain greedy path's
+  tokens (a bf16 verification that rounded a near-tie the other way) ends that request's analysis there;
+  the count is recorded.
 """
 from __future__ import annotations
 
+import bisect
 import json
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -183,4 +194,188 @@ def markdown(record: Mapping[str, Any]) -> str:
             ratios[p]["error"] if ratios[p].get("error") else
             f"{fmt_ci(ratios[p]['ratio'], ratios[p]['ratio_ci95'], 3)} ({_f(ratios[p]['tau_a'])} ÷ {_f(ratios[p]['tau_b'])})"
             for p in pairs) + " |")
+    if record.get("notes"):
+        out += ["", "Notes:", ""] + [f"- {repo_relative(n)}" for n in record["notes"]]
     return "\n".join(out) + "\n"
+
+
+# -- the target's confidence -------------------------------------------------------------------------
+
+EDGES = (0.0, 0.2, 0.4, 0.6, 0.8, 0.9, 1.0)
+Path_ = Tuple[List[int], List[float]]      # the target's greedy tokens and their top-1 probabilities
+
+
+def bin_of(p: float) -> int:
+    """Index of ``p``'s bin in EDGES (the last bin is closed: 1.0 falls in [0.9, 1.0])."""
+    return min(max(bisect.bisect_right(EDGES, p) - 1, 0), len(EDGES) - 2)
+
+
+def bin_names() -> List[str]:
+    return [f"[{a:.1f}, {b:.1f}{']' if b == 1.0 else ')'}" for a, b in zip(EDGES[:-1], EDGES[1:])]
+
+
+def read_rounds(path: Path) -> Dict[str, List[dict]]:
+    """Rounds of ``path`` (rollouts.jsonl) by request id, in round order."""
+    out: Dict[str, List[dict]] = {}
+    for i, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        r = json.loads(line)
+        missing = [k for k in ("request_id", "round", "accepted", "verified", "draft_tokens") if k not in r]
+        if missing:
+            raise SystemExit(f"{path}:{i}: no {missing} in this rollout line")
+        if not 0 <= int(r["accepted"]) <= int(r["verified"]) <= len(r["draft_tokens"]):
+            raise SystemExit(f"{path}:{i}: accepted {r['accepted']}, verified {r['verified']} and "
+                             f"{len(r['draft_tokens'])} drafts do not fit")
+        out.setdefault(r["request_id"], []).append(r)
+    for rid, rs in out.items():
+        if [int(r["round"]) for r in rs] != list(range(len(rs))):
+            raise SystemExit(f"{path}: the rounds of {rid} are not 0..{len(rs) - 1} in order")
+    return out
+
+
+def target_shares(paths: Mapping[str, Path_], bench_of: Mapping[str, str]) -> Dict[str, object]:
+    """Share of output tokens per confidence bin, overall and per benchmark, and the mean top-1."""
+    nb = len(EDGES) - 1
+    tokens, by_bench, total_p = [0] * nb, {}, 0.0
+    for rid, (_, top1) in paths.items():
+        counts = by_bench.setdefault(bench_of.get(rid, ""), [0] * nb)
+        for p in top1:
+            b = bin_of(p)
+            tokens[b] += 1
+            counts[b] += 1
+            total_p += p
+    n = sum(tokens)
+    return {"tokens": n, "mean_top1": total_p / n if n else None,
+            "share": [t / n if n else None for t in tokens],
+            "share_by_benchmark": {b: [c / sum(v) for c in v] for b, v in by_bench.items() if sum(v)}}
+
+
+def acceptance(rounds: Mapping[str, Sequence[Mapping]], paths: Mapping[str, Path_]) -> Dict[str, object]:
+    """Acceptance per bin of the target's top-1 probability, at position 1 and over all positions."""
+    nb = len(EDGES) - 1
+    pos1 = [[0, 0] for _ in range(nb)]      # [reached, passed]
+    every = [[0, 0] for _ in range(nb)]
+    used = diverged = 0
+    kinds = {"anchor": 0, "skip": 0}       # position-1 misses that propose x_p again / x_{p+2}
+    for rid, rs in rounds.items():
+        if rid not in paths:
+            raise SystemExit(f"request {rid} of the rollouts is not among the evaluated prompts")
+        toks, top1 = paths[rid]
+        m = 1                                # output tokens before the round (the prefill token)
+        for r in rs:
+            n, ell, d = int(r["accepted"]), int(r["verified"]), r["draft_tokens"]
+            if m + n > len(toks) or d[:n] != toks[m: m + n] or (n < ell and m + n < len(toks) and d[n] == toks[m + n]):
+                diverged += 1                # not the plain greedy path from here on
+                break
+            used += 1
+            if ell >= 1 and n == 0:
+                kinds["anchor"] += int(d[0] == toks[m - 1])
+                kinds["skip"] += int(m + 1 < len(toks) and d[0] == toks[m + 1])
+            for k in range(1, min(n + 1, ell) + 1):
+                if m + k - 1 >= len(top1):
+                    break
+                b, passed = bin_of(top1[m + k - 1]), int(n >= k)
+                every[b][0] += 1
+                every[b][1] += passed
+                if k == 1:
+                    pos1[b][0] += 1
+                    pos1[b][1] += passed
+            m += n + 1
+
+    def rate(c):
+        return c[1] / c[0] if c[0] else None
+
+    def block(cs):
+        return {"reached": [c[0] for c in cs], "acceptance": [rate(c) for c in cs],
+                "overall": rate([sum(c[0] for c in cs), sum(c[1] for c in cs)])}
+
+    reached1 = sum(c[0] for c in pos1)
+    return {"rounds_used": used, "requests_diverged": diverged, "position1": block(pos1),
+            "all_positions": block(every),
+            "position1_misses": {"repeat_anchor": kinds["anchor"] / reached1 if reached1 else None,
+                                 "skip_one": kinds["skip"] / reached1 if reached1 else None}}
+
+
+def greedy_paths(cfg) -> Tuple[Dict[str, Path_], Dict[str, str]]:
+    """The target's greedy output on the eval's first turns (`target_generate`, the evals' own baseline
+    decoder), with the top-1 probability of each token from one forward over prompt and output."""
+    import torch
+    from tqdm.auto import tqdm
+    from deepspec.eval.benchmarks import load_benchmarks
+    from deepspec.decoding.warp import make_warp
+    from deepspec.decoding.loop import target_generate
+    from deepspec.targets import load_target
+    from deepspec.targets.chat import encode_prompt
+    ec = cfg.eval
+    benches = load_benchmarks(ec.data_dir, ec.benchmarks, ec.max_samples)
+    target = load_target(cfg.target)
+    kw = dict(getattr(target, "chat_template_kwargs", {}) or {})
+    greedy = make_warp(0.0)
+    paths, bench_of = {}, {}
+    todo = [s for ss in benches.values() for s in ss]
+    for s in tqdm(todo, desc="target greedy path", unit="req"):
+        ids = encode_prompt(target.tokenizer, [{"role": "user", "content": s.turns[0]}], **kw)
+        toks = target_generate(target, ids, max_new_tokens=ec.max_new_tokens, warp=greedy).tokens
+        with torch.inference_mode():
+            rows = target.decode(torch.tensor([ids + toks[:-1]])).logits[0, len(ids) - 1:].float()
+        top1 = (rows.amax(-1) - rows.logsumexp(-1)).exp().tolist()
+        paths[s.id], bench_of[s.id] = (toks, top1), s.benchmark
+    return paths, bench_of
+
+
+def cached_paths(file: Path, cfg, key) -> Tuple[Dict[str, Path_], Dict[str, str]]:
+    """`greedy_paths`, kept in ``file`` with the settings it was decoded for (a file for other settings
+    is decoded again and replaced)."""
+    want = json.loads(json.dumps(list(key)))
+    if file.is_file():
+        saved = json.loads(file.read_text())
+        if saved.get("settings") == want:
+            return {k: (v[0], v[1]) for k, v in saved["paths"].items()}, saved["benchmark"]
+        print(f"{file}: decoded for other settings {saved.get('settings')}; decoding again")
+    paths, bench_of = greedy_paths(cfg)
+    file.parent.mkdir(parents=True, exist_ok=True)
+    file.write_text(json.dumps({"settings": want, "paths": paths, "benchmark": bench_of}))
+    return paths, bench_of
+
+
+def eval_settings(eval_dir: Path):
+    """The eval's resolved config and what must agree between evals analysed together."""
+    from deepspec.config import config_from_yaml
+    cfg = config_from_yaml(eval_dir / "resolved_config.yaml")
+    ec, tc = cfg.eval, cfg.target
+    if ec.temperature != 0 or ec.multi_turn:
+        raise SystemExit(f"{eval_dir}: needs a greedy first-turn eval (eval.temperature=0 eval.multi_turn=false)")
+    res = eval_dir / "results.json"
+    if res.is_file() and str(json.loads(res.read_text()).get("setup", {}).get("policy", "")).startswith("tree("):
+        raise SystemExit(f"{eval_dir}: needs chain rollouts (eval.decoding=chain); this eval verified draft trees")
+    return cfg, (tc.path, str(tc.dtype), ec.data_dir, tuple(ec.benchmarks), ec.max_samples, ec.max_new_tokens)
+
+
+def confidence_markdown(record: Mapping) -> str:
+    names = bin_names()
+    t = record["target"]
+    lines = [f"# Draft acceptance against the target's confidence ({record['date']})", "",
+             f"`{record['command']}`", "",
+             f"## The target's confidence along its greedy output ({t['tokens']:,} tokens)", "",
+             "| benchmark | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
+    for bench, share in t["share_by_benchmark"].items():
+        lines.append(f"| {bench} | " + " | ".join(_f(x, 2) for x in share) + " |")
+    lines.append("| **all** | " + " | ".join(_f(x, 2) for x in t["share"]) + " |")
+    lines += ["", f"Mean top-1 probability: {_f(t['mean_top1'], 3)}."]
+    for key, title in (("position1", "Acceptance at draft position 1"),
+                       ("all_positions", "Conditional acceptance, all positions")):
+        lines += ["", f"## {title}, by the target's top-1 probability there", "",
+                  "| drafter | " + " | ".join(names) + " | overall |", "|---|" + "---:|" * (len(names) + 1)]
+        for name, a in record["drafters"].items():
+            cells = [f"{_f(r, 2)} ({n:,})" for r, n in zip(a[key]["acceptance"], a[key]["reached"])]
+            lines.append(f"| {name} | " + " | ".join(cells) + f" | {_f(a[key]['overall'], 3)} |")
+    lines += ["", "## Position-1 misses that propose the anchor token again (x_p) or skip a token (x_p+2)", "",
+              "| drafter | repeat the anchor | skip one token |", "|---|---:|---:|"]
+    for name, a in record["drafters"].items():
+        mk = a["position1_misses"]
+        lines.append(f"| {name} | {_f(mk['repeat_anchor'], 3)} | {_f(mk['skip_one'], 3)} |")
+    lines += ["", "(as fractions of the rounds that reached position 1)", "",
+              "(n) = positions reached in that bin. Rounds used / requests that left the plain greedy path: " +
+              ", ".join(f"{n} {a['rounds_used']} / {a['requests_diverged']}" for n, a in record["drafters"].items()) + "."]
+    return "\n".join(lines) + "\n"

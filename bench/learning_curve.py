@@ -2,8 +2,8 @@
 
     .venv/bin/python bench/learning_curve.py --steps 160 --eval-every 40 --only dspark_markov eagle3
 
-Reuses the regenerated data and cache of a `bench/reference.py` work directory (same data,
-target layers, anchors and depth as that run; nothing is regenerated) and trains each drafter
+Reuses the regenerated data and cache of a work directory (`bench/reference.py`: the same data and
+target layers for every drafter; ``--prepare`` makes a missing one) and trains each drafter
 for ``--steps`` with the trainer's held-out evaluation every ``--eval-every`` steps: expected
 τ, per-position acceptance, CE and TV of the draft on the held-out sequences, teacher-forced.
 The held-out sequences and their anchors are the same for every drafter (same seed), so the
@@ -15,14 +15,14 @@ they converge or in how fast they start.
 
 Ablations: ``--variant LABEL=DRAFTER[,override...]`` (repeatable) trains named variants instead of
 ``--only``, e.g. ``--variant markov_L3=dspark_markov,draft.num_layers=3``.  With ``--prepare`` a
-missing work directory is regenerated and cached first (the same stages as `bench/reference.py`),
-so one command reruns an ablation from nothing.
+missing work directory is regenerated and cached first (`bench.reference.prepare`), so one command
+reruns an ablation from nothing.
 
 Each held-out point also carries ``train_wall_s``: the training seconds up to that step, the sum of
 the trainer's per-step ``step_time_s`` in metrics.jsonl (data loading, forward/backward, optimizer
 step) — held-out evaluations, checkpoint saves and start-up are **not** counted.  The PNG plots
-held-out E[τ] against steps and against these seconds (and the held-out CE against steps); records
-written before these times existed render without the seconds panel's lines.
+held-out E[τ] against steps and against these seconds (and the held-out CE against steps); a record
+whose metrics have no step times renders without the seconds panel's lines.
 
 Resuming: nothing here deletes a run directory, and the trainer resumes from the newest complete
 checkpoint in it (``train.resume``, on by default).  Each variant checkpoints every ``--save-every``
@@ -37,10 +37,8 @@ variant short of ``--steps``): a snapshot of a long job that another process is 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -48,7 +46,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.records import record_path  # noqa: E402
+from bench.records import header, record_path, write_record  # noqa: E402
 from bench.reference import DRAFTERS, prepare, shared_overrides  # noqa: E402
 from deepspec.train.checkpoint import list_checkpoints  # noqa: E402
 
@@ -176,10 +174,10 @@ def plot(record, png: Path) -> None:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--work", default=str(REPO / "bench" / "work" / "reference"),
-                   help="bench/reference.py work directory whose regen and cache are reused")
-    p.add_argument("--samples", type=int, default=400, help="must match the reference run's --samples")
-    p.add_argument("--max-new-tokens", type=int, default=96, help="must match the reference run")
-    p.add_argument("--max-turns", type=int, default=1, help="must match the reference run")
+                   help="work directory whose regen and cache are reused")
+    p.add_argument("--samples", type=int, default=400, help="must match the work directory's regeneration")
+    p.add_argument("--max-new-tokens", type=int, default=96, help="must match the work directory's regeneration")
+    p.add_argument("--max-turns", type=int, default=1, help="must match the work directory's regeneration")
     p.add_argument("--anchors", type=int, default=16)
     p.add_argument("--layers", type=int, default=1, help="DSpark/DFlash depth (Eagle3 uses 1)")
     p.add_argument("--steps", type=int, default=160)
@@ -211,13 +209,9 @@ def main(argv=None) -> int:
     stages = {}
     if not (work / "cache").is_dir():
         if not args.prepare:
-            raise SystemExit(f"{work / 'cache'}: no cache; pass --prepare, run bench/reference.py, or pass --work")
+            raise SystemExit(f"{work / 'cache'}: no cache; pass --prepare, or --work with a prepared directory")
         stages, _ = prepare(args, work)
-    date = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-    record = {"date": date, "command": " ".join([sys.executable, *sys.argv]), "args": vars(args),
-              "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                          "loadavg_start": os.getloadavg()}, "stages": stages, "wall_clock": WALL_CLOCK,
-              "drafters": {}}
+    record = header(args=vars(args), stages=stages, wall_clock=WALL_CLOCK, drafters={})
     save_every = args.eval_every if args.save_every is None else args.save_every
     for label, name, extra in variants:
         if args.variant:        # labels are unique and name the variant's settings
@@ -243,11 +237,8 @@ def main(argv=None) -> int:
                                      "resumed_from_step": start, "train_s": train_s,
                                      "finished": start >= args.steps or not args.no_train,
                                      "load_avg_after": os.getloadavg(), "curve": curve(run_dir / "metrics.jsonl")}
-    record["machine"]["loadavg_end"] = os.getloadavg()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=2))
     md = markdown(record)
-    out.with_suffix(".md").write_text(md + "\n")
+    write_record(record, "learning_curve", str(out), markdown=md)
     plot(record, out.with_suffix(".png"))
     print(md)
     print(f"wrote {out} and its .md, .png")

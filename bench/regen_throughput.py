@@ -1,9 +1,10 @@
-"""Embedded regeneration throughput: the engine's own decode loop vs transformers' `generate`.
+"""Benchmark (not a test): embedded regeneration throughput, the engine's decode loops against transformers'
+`generate`.
 
-The same prompts (first user turns), the same batch size and sampling, through `HFEngine` with
-``loop="generate"`` (the path `deepspec prepare` used before issue 23) and ``loop="deepspec"``
-(finished rows leave the batch): new tokens/s of each and, under greedy decoding, how many
-answers are identical.  Writes `bench/results/regen_throughput.json`.
+The same prompts (first user turns), the same batch size and sampling, through `HFEngine` with each of
+``--loops``: ``generate`` (transformers' own loop), ``deepspec`` (finished rows leave the batch) and
+``static`` (a static KV cache, CUDA-graph replay on a GPU): new tokens/s of each and, under greedy
+decoding, how many answers are identical to the first loop's.  Writes `bench/results/regen_throughput.json`.
 
     .venv/bin/python bench/regen_throughput.py                                  # SmolLM2, CPU, 32 prompts
     python3 bench/regen_throughput.py --device cuda --prompts 512 --batch 256 --max-new-tokens 192 \\
@@ -12,8 +13,6 @@ answers are identical.  Writes `bench/results/regen_throughput.json`.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import platform
 import sys
 import time
 from pathlib import Path
@@ -21,7 +20,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.records import write_record  # noqa: E402
+from bench.records import header, write_record  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -61,13 +60,9 @@ def main(argv=None) -> int:
     target = load_target(cfg.target)
     sp = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=0)
     keys = [str(i) for i in range(len(prompts))]
-    rec = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-           "machine": {"platform": platform.platform(), "python": platform.python_version(),
-                       "torch": torch.__version__, "threads": torch.get_num_threads(),
-                       "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None},
-           "command": " ".join([Path(sys.executable).name, *sys.argv]), "args": vars(args),
-           "target": {"path": args.target, "device": str(target.device), "dtype": str(target.dtype)},
-           "prompts": len(prompts), "loops": {}}
+    rec = header(args=vars(args), target={"path": args.target, "device": str(target.device),
+                                          "dtype": str(target.dtype)}, prompts=len(prompts), loops={})
+    rec["machine"]["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     outputs = {}
     for loop in args.loops:
         eng = HFEngine.from_target(target, batch_size=args.batch, max_prompt_tokens=args.max_prompt_tokens, loop=loop)

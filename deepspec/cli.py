@@ -30,14 +30,15 @@ STAGES: Dict[str, Tuple[str, str]] = {
     "prepare": ("deepspec.prepare:run", "regenerate answers with the target, then build the hidden-state cache"),
     "train": ("deepspec.train.loop:run", "train a draft model (DSpark / DFlash / Eagle3) on the cache or online"),
     "eval": ("deepspec.eval.runner:run", "lossless speculative decoding on benchmarks; τ, acceptance, plots"),
-    "plan": ("deepspec.experiments.plan:run", "estimate tokens, cache bytes and time before spending GPU hours"),
+    "plan": ("deepspec.plan.estimate:run", "estimate tokens, cache bytes and time before spending GPU hours"),
     "calibrate": ("deepspec.schedule.calibrate:run", "sequential temperature scaling of the confidence head"),
     "profile": ("deepspec.schedule.profile_cmd:run", "measure the scheduler's SPS(B) table or SPS(R, B) grid here"),
     "demo": ("deepspec.demo:run", "the whole pipeline on the embedded reference target (CPU, minutes)"),
 }
 # command -> (module:function taking argv, help): commands with their own arguments
 TOOLS: Dict[str, Tuple[str, str]] = {
-    "cache": ("deepspec.cache_cli:main", "cache verify|info|gate DIR"),
+    "cache": ("deepspec.cache.cli:main", "cache verify|info DIR, cache build|finalize"),
+    "gate": ("deepspec.plan.gate:main", "which cache codec: lossless vs lossy, built, trained and evaluated alike"),
     "serve": ("deepspec.engines.server:main", "OpenAI-compatible /v1/chat/completions over the embedded engine"),
     "target": ("deepspec.targets.cli:main", "target fetch NAME: convert a reference target once"),
     "export": ("deepspec.export.cli:main", "export a draft for hf / vllm / sglang"),

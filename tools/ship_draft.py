@@ -34,8 +34,9 @@ from deepspec.paths import SHIPPED_DIR, SHIPPED_FOR_TARGET  # noqa: E402
 from deepspec.schedule.calibration import CALIBRATION_FILENAME  # noqa: E402
 from deepspec.train.checkpoint import (is_complete, latest_checkpoint, list_checkpoints,  # noqa: E402
                                        run_config_path)
+from deepspec.export.card import shipped_card  # noqa: E402
 from tools.ship_record import (ShipError, calibration_record, data_stats, display, eval_check,  # noqa: E402
-                               heldout_rows, heldout_split, model_card, provenance, trained_on)
+                               heldout_rows, heldout_split, provenance, trained_on)
 
 BUDGET_MB = 25.0
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -151,8 +152,8 @@ def ship(args: argparse.Namespace, argv: Sequence[str]) -> Path:
         if calib is not None:   # policies read {checkpoint}/calibration.json by default
             shutil.copyfile(cal_file, tmp / CALIBRATION_FILENAME)
         (tmp / "provenance.json").write_text(json.dumps(prov, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-        card = model_card(prov, train_cfg=cfg.train, weights_bytes=(tmp / "model.safetensors").stat().st_size,
-                          heldout_sequences=scored, load_hint=load_hint, notes=args.card_note)
+        card = shipped_card(prov, train_cfg=cfg.train, weights_bytes=(tmp / "model.safetensors").stat().st_size,
+                            heldout_sequences=scored, load_hint=load_hint, notes=args.card_note)
         (tmp / "README.md").write_text(card, encoding="utf-8")
 
         readable(tmp)

@@ -1,6 +1,7 @@
 """What `tools/ship_draft.py` writes beside a shipped draft's weights: ``provenance.json`` (every
-number read from the training run, its data, the checkout and an optional `deepspec eval` result)
-and the ``README.md`` model card rendered from that record only (no number that was not measured)."""
+number read from the training run, its data, the checkout and an optional `deepspec eval` result).
+Its ``README.md`` model card is rendered from that record only (no number that was not measured) by
+`deepspec.export.card.shipped_card`, beside the cards of `deepspec export`."""
 from __future__ import annotations
 
 import datetime as dt
@@ -10,7 +11,6 @@ import os
 import platform
 import re
 import subprocess
-import textwrap
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -18,7 +18,6 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 CURVE_KEYS = ("eval/expected_tau", "eval/accept_rate/1")
-ALGO_NAMES = {"dspark": "DSpark", "dflash": "DFlash", "eagle3": "EAGLE-3"}
 _BANNER = re.compile(r"strategy (\S+) × (\d+) on (\w+)")
 
 
@@ -93,7 +92,8 @@ def data_stats(cfg, run_dir: Path, target) -> Dict[str, Any]:
         path = resolve(cfg.data.regen_path) if cfg.data.regen_path else Path(run_dir) / "regen" / "regen.jsonl"
         seqs = OnlineSequences.from_jsonl(path, target, cfg.data.max_length)
         return {"path": path, "kind": "online data", "conversations": len(seqs), "tokens": sum(seqs.lengths()),
-                "answer_tokens": int(sum(sum(m) for _, m in seqs.samples)), "regen_sha256": None}
+                "answer_tokens": int(sum(sum(m) for _, m in seqs.samples)), "regen_sha256": None,
+                "sample_ids": seqs.sample_ids()}
     path = resolve(cfg.cache.dir) if cfg.cache.dir else Path(run_dir) / "cache"
     dirs = [(path, "cache.dir")] + [(resolve(d), f"cache.extra_dirs[{k}]") for k, d in enumerate(cfg.cache.extra_dirs)]
     for d, key in dirs:
@@ -103,9 +103,10 @@ def data_stats(cfg, run_dir: Path, target) -> Dict[str, Any]:
         reader.validate(target)
         st = reader.stats()
         shas = [(r.manifest.get("source") or {}).get("sha256") for r in getattr(reader, "readers", [reader])]
+        ids = [reader.sample_id(i) for i in range(len(reader))]
     return {"path": path, "kind": "cache" if len(dirs) == 1 else f"union of {len(dirs)} caches",
             "conversations": st["samples"], "tokens": st["tokens"], "answer_tokens": st["loss_tokens"],
-            "regen_sha256": shas[0] if len(shas) == 1 else shas}
+            "regen_sha256": shas[0] if len(shas) == 1 else shas, "sample_ids": ids}
 
 
 def heldout_split(cfg, data: Mapping[str, Any], meta: Mapping[str, Any]) -> Tuple[str, int]:
@@ -113,12 +114,13 @@ def heldout_split(cfg, data: Mapping[str, Any], meta: Mapping[str, Any]) -> Tupl
     from deepspec.train.data import split_heldout
     tc = cfg.train
     n = int(data["conversations"])
-    train, held = split_heldout(n, tc.heldout_fraction, cfg.data.split_seed)
+    frac = cfg.data.heldout_fraction
+    train, held = split_heldout(data["sample_ids"], frac, cfg.data.split_seed)
     want = meta.get("num_train_sequences")
     if want is not None and int(want) != len(train):
         raise ShipError(f"{data['path']}: {n} sequences split into {len(train)} train + {len(held)} held out, but "
                         f"the checkpoint trained on {want}: the data changed since training")
-    text = (f"{tc.heldout_fraction * 100:g}% of the {data['kind']} (train.heldout_fraction={tc.heldout_fraction:g}, "
+    text = (f"{frac * 100:g}% of the {data['kind']} by id hash (data.heldout_fraction={frac:g}, "
             f"data.split_seed={cfg.data.split_seed}): {len(held)} sequences")
     scored = len(held)
     if tc.eval_max_sequences and len(held) > tc.eval_max_sequences:
@@ -218,80 +220,3 @@ def provenance(*, name: str, target_note: str, command: str, ship_command: str, 
         "eval_check": dict(check) if check else None,
         "calibration": dict(calibration) if calibration else None,
     }
-
-
-# -- README.md -----------------------------------------------------------------------------------
-def describe_draft(c: Mapping[str, Any]) -> str:
-    """"DSpark draft (parallel drafter + Markov head rank 64 + confidence head, 1 layer, γ 7, …)"."""
-    algo = c.get("algorithm")
-    if algo == "eagle3":
-        parts = [f"autoregressive drafter, {c.get('eagle3_layout')} layout"]
-    else:
-        arch = "parallel drafter"
-        if c.get("sequential_head") not in (None, "none"):
-            head = {"rnn": "RNN"}.get(str(c["sequential_head"]), str(c["sequential_head"]).capitalize())
-            arch += f" + {head} head rank {c.get('head_rank')}"
-            if c.get("head_embedding") == "target":
-                arch += " (W1 over the target's embedding)"
-        parts = [arch + (" + confidence head" if c.get("confidence_head") else "")]
-    n = int(c.get("num_layers") or 0)
-    parts += [f"{n} layer{'s' if n != 1 else ''}", f"γ {c.get('gamma')}"]
-    parts.append(f"draft vocabulary of {int(c['vocab_size']):,} tokens" if c.get("vocab_size")
-                 else "full target vocabulary")
-    return f"{ALGO_NAMES.get(algo, algo)} draft ({', '.join(parts)})"
-
-
-def _mb(n: int) -> str:
-    mb = n / 2 ** 20
-    return f"{mb:.0f} MB" if mb >= 10 else f"{mb:.1f} MB" if mb >= 0.1 else f"{n / 1024:.0f} KB"
-
-
-def _wrap(text: str, bullet: bool = False) -> str:
-    return textwrap.fill(text, width=100, initial_indent="- " if bullet else "",
-                         subsequent_indent="  " if bullet else "", break_long_words=False, break_on_hyphens=False)
-
-
-def model_card(prov: Mapping[str, Any], *, train_cfg, weights_bytes: int, heldout_sequences: int, load_hint: str,
-               notes: Sequence[str] = ()) -> str:
-    """The README.md of a shipped draft, from its provenance record (and the run's batch shape)."""
-    d, cfg = prov["data"], prov["config"]
-    intro = (f"A {describe_draft(cfg)} for {prov['target']}, trained by deepspec on {prov['machine']['trained_on']}: "
-             f"{prov['steps']} steps × {train_cfg.global_batch_sequences} sequences × "
-             f"{train_cfg.anchors_per_sequence} anchors on {d['conversations']:,} conversations ({d['tokens']:,} "
-             f"tokens, {d['answer_tokens']:,} answer tokens; {d['source']}). See `provenance.json` for the commands, "
-             f"commit, data and held-out curve. Weights are bfloat16, {_mb(weights_bytes)}.")
-    bullets = []
-    h = prov.get("heldout")
-    if h and h.get("eval/expected_tau") is not None:
-        a1 = h.get("eval/accept_rate/1")
-        bullets.append(f"held-out teacher-forced E[τ] {h['eval/expected_tau']:.3f}"
-                       + (f" (position-1 acceptance {a1:.2f})" if a1 is not None else "")
-                       + (f" at step {h['step']}" if h["step"] != prov["steps"] else "")
-                       + f" on {heldout_sequences:,} held-out sequences;")
-    else:
-        bullets.append("no held-out evaluation was logged by the run;")
-    e = prov.get("eval_check")
-    if e:
-        tau = f"greedy τ {e['tau_greedy']:.2f}" if e.get("tau_greedy") is not None else "greedy decoding"
-        n = e["prompts"]
-        speed = f"; speed-up over plain decoding there {e['speedup']:.2f}×" if e.get("speedup") else ""
-        bullets.append(f"{tau} on {n} prompt{'s' if n != 1 else ''} ({', '.join(e['benchmarks'])}; at most "
-                       f"{e['max_new_tokens']} new tokens), output identical to the target's on "
-                       f"{e['greedy_identical_to_target']}: `deepspec eval` on {e['device']}"
-                       + (f" (target {str(e['dtype']).replace('torch.', '')}, {e.get('policy') or 'fixed'} verification)"
-                          if e.get("dtype") else "")
-                       + f" with {e['evaluated']}{speed};")
-    else:
-        bullets.append("no decoding check recorded (`tools/ship_draft.py --eval-check` records one);")
-    c = prov.get("calibration")
-    if c:
-        ece = (f"; position-1 ECE {c['ece_before']:.3f} → {c['ece_after']:.3f}"
-               if c.get("ece_before") is not None and c.get("ece_after") is not None else "")
-        bullets.append(f"`calibration.json`: Sequential Temperature Scaling fitted by `deepspec calibrate` on "
-                       f"{c['rounds']:,} verification rounds of {c.get('requests') or '?'} requests "
-                       f"(`{c.get('rollouts')}`){ece}; `schedule.policy=threshold|scheduler` apply it;")
-    bullets += list(notes)
-    outro = (f"Load it with {load_hint}. Shipped with `tools/ship_draft.py` (the exact command is `ship_command` "
-             "in `provenance.json`); run it again on a newer run to replace this draft.")
-    return "\n".join([f"# {prov['name']}", "", _wrap(intro), "", *(_wrap(b, True) for b in bullets), "",
-                      _wrap(outro), ""])

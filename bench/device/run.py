@@ -1,4 +1,4 @@
-"""The prepared device run (issue 23): one command on a machine with one GPU, ≤ 9 minutes.
+"""The prepared device run: one command on a machine with one GPU, ≤ 9 minutes.
 
     bash bench/device/run.sh                 # the GPU run (reference target SmolLM2-135M-Instruct)
     TINY=1 bash bench/device/run.sh          # the same stages at a tiny scale on a CPU (tests/integration)
@@ -17,7 +17,7 @@ saves a checkpoint on SIGTERM and the eval uses it) inside an overall budget (``
     cuda_tests `pytest -m cuda tests/integration/test_cuda.py` (GPU scale only, when time is left)
     profile    torch.profiler tables of a few training steps and eval rounds (when time is left)
 
-Outputs: ``$OUT`` when set (what the device tool brings back), else ``bench/results/``:
+Outputs: ``$OUT`` when set (a folder the machine's caller collects), else ``bench/results/``:
 ``device_run.json`` (the record), ``device_run.md`` (the summary) and ``device_run.logs.tar.gz`` (stage logs,
 eval reports, training metrics, profiler tables — never the cache or the regenerated data).  Scratch
 (models, data, cache, checkpoints) goes to ``--work`` (default ``bench/work/device_run``).
@@ -57,7 +57,7 @@ def scale(tiny: bool) -> Dict[str, Any]:
                     max_length=256, layers=1, eval_samples=1, eval_new_tokens=12, ab_prompts=8, ab_new_tokens=12,
                     timeouts=dict(env=60, convert=60, regen=120, regen_ab=120, cache=120, train=150, eval=150,
                                   profile=120))
-    # sized for ≤ 9 minutes on one H200 with the rates measured before issue 23 as the worst case
+    # sized for ≤ 9 minutes on one H200 with the baseline rates (report.BEFORE) as the worst case
     return dict(target="target=smollm2_135m", target_extra=[], prompts=1024, new_tokens=192, batch=256, steps=300,
                 global_batch=32, micro_batch=32, anchors=64, max_length=1024, layers=2, eval_samples=2,
                 eval_new_tokens=96, ab_prompts=256, ab_new_tokens=192,
@@ -78,7 +78,7 @@ def train_overrides(sc, work: Path, name: str) -> List[str]:
     return [*DRAFTERS[name], *layers, f"run_dir={work / 'runs' / name}", "train.strategy=single",
             f"train.max_steps={sc['steps']}", f"train.global_batch_sequences={sc['global_batch']}",
             f"train.micro_batch_sequences={sc['micro_batch']}", f"train.anchors_per_sequence={sc['anchors']}",
-            f"train.max_length={sc['max_length']}", "train.save_every=0", "train.eval_every=0",
+            "train.save_every=0", "train.eval_every=0",
             "train.tensorboard=false", "train.bf16=null", "train.resume=false"]
 
 
@@ -275,7 +275,7 @@ def write_eval_prompts(work: Path, n: int) -> Path:
 
 
 def write_tiny_prompts(work: Path, n: int) -> Path:
-    from deepspec.prepare.synthetic import write_regen_jsonl
+    from tests.support.synthetic import write_regen_jsonl
     return write_regen_jsonl(work / "prompts.jsonl", n, seed=0, max_words=40)
 
 
@@ -311,7 +311,7 @@ def main(argv=None) -> int:
     rec: Dict[str, Any] = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "tiny": args.tiny,
                            "command": " ".join(["bench/device/run.py", *(argv if argv is not None else sys.argv[1:])]),
                            "scale": {k: v for k, v in sc.items() if k != "timeouts"}, "timeouts": sc["timeouts"],
-                           "budget_s": args.budget_s, "before_issue23_h200": BEFORE, "stages": {}}
+                           "budget_s": args.budget_s, "baseline_h200": BEFORE, "stages": {}}
     rec_path, md_path = out_dir / "device_run.json", out_dir / "device_run.md"
 
     def save():

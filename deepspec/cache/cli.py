@@ -1,26 +1,32 @@
-"""The reader's commands: ``deepspec cache verify`` and ``deepspec cache info`` (also ``python -m deepspec.cache``).
+"""``deepspec cache …``: every command about the hidden-state cache.
 
     deepspec cache verify DIR [--decode]     sha256 + schema of every shard (exit 1 on damage)
     deepspec cache info DIR [--json|--full] [--vocab-size N ...] [--no-coverage]
                                              samples, tokens, bytes/token, ratio, draft-vocabulary
                                              coverage of the answer tokens, manifest
+    deepspec cache build [OVERRIDES…] [--rank R --world-size W] [--regen PATH] [--no-wait]
+    deepspec cache finalize DIR              merge shard sidecars into index + manifest
 
-The whole ``deepspec cache`` command (with build, finalize and gate) is `deepspec.cache_cli`.
+Which codec to build with (lossless against lossy, end to end) is ``deepspec gate`` (`deepspec.plan.gate`).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from ..config import load_config
 from ..data.vocab import REPORT_SIZES, count_answer_tokens, top_coverage
 from ..utils.signals import GracefulStop
-from .codec_error import format_error_report
+from .reconstruction import format_error_report
 from .errors import CacheError
+from .finalize import finalize_cache
 from .reader import CacheReader
+from .writer import build_cache
 
 
 def _human(n: float) -> str:
@@ -128,8 +134,23 @@ def _cmd_info(args) -> int:
     return 0
 
 
+def _cmd_build(args) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        datefmt="%H:%M:%S")  # no-op when `deepspec` already configured logging
+    out = build_cache(load_config(args.overrides), regen_path=args.regen, rank=args.rank, world_size=args.world_size,
+                      wait=not args.no_wait, progress=None if not args.no_progress else False)
+    print(out)
+    return 0
+
+
+def _cmd_finalize(args) -> int:
+    finalize_cache(args.dir, strict=True)
+    print(f"{args.dir}: manifest written")
+    return 0
+
+
 def add_commands(sub) -> None:
-    """Add ``verify`` and ``info`` to a ``deepspec cache`` subparsers object."""
+    """``verify``, ``info``, ``build`` and ``finalize`` on a subparsers object."""
     v = sub.add_parser("verify", help="check every shard's sha256 and schema")
     v.add_argument("dir")
     v.add_argument("--decode", action="store_true", help="also decode every sample (zstd checksums)")
@@ -145,6 +166,17 @@ def add_commands(sub) -> None:
     i.add_argument("--no-coverage", action="store_true",
                    help="skip the draft-vocabulary coverage (it reads the token ids of every sample)")
     i.set_defaults(fn=_cmd_info)
+    b = sub.add_parser("build", help="build (or resume) the cache for a config")
+    b.add_argument("overrides", nargs="*", help="config overrides, e.g. target.path=tiny:llama run_dir=…")
+    b.add_argument("--regen", default=None, help="regen JSONL (default: deepspec.paths.regen_path)")
+    b.add_argument("--rank", type=int, default=None)
+    b.add_argument("--world-size", type=int, default=None)
+    b.add_argument("--no-wait", action="store_true", help="return after this rank's shards")
+    b.add_argument("--no-progress", action="store_true")
+    b.set_defaults(fn=_cmd_build)
+    f = sub.add_parser("finalize", help="write index + manifest once every shard is built")
+    f.add_argument("dir")
+    f.set_defaults(fn=_cmd_finalize)
 
 
 def run_command(args) -> int:
@@ -162,10 +194,6 @@ def run_command(args) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m deepspec.cache", description="verify or describe a cache")
+    p = argparse.ArgumentParser(prog="deepspec cache", description="target hidden-state cache tools")
     add_commands(p.add_subparsers(dest="cmd", required=True))
     return run_command(p.parse_args(list(sys.argv[1:] if argv is None else argv)))
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

@@ -6,7 +6,7 @@ schema metadata; the reader refuses a shard whose codec differs from the
 manifest's (no mixed caches).
 
 ``bf16`` (default) is lossless: the bf16 bits are rearranged and compressed with
-zstd.  Layouts (measured in ``bench/cache_codecs.py``, see ``docs/cache.md``):
+zstd.  Layouts (measured by ``bench/cache_bench.py codecs``, see ``docs/cache.md``):
 
 - ``plain``: the little-endian bf16 bytes, token-major, straight into zstd;
 - ``planes``: the high bytes (sign + 7 exponent bits) of all values, then the low

@@ -30,7 +30,7 @@ encode → decode path, is written into the manifest (``codec_error``) and print
 This module holds what both lossy codecs share: the fp8 arithmetic and `LossyCodec` (the
 lossless or fp8 ``last_hidden`` column, calibration, checks on a loaded ``codec_state.arrow``).
 The codecs themselves are `fp8.FP8Codec` and `lowrank.LowRankCodec`; calibration at build time
-is `deepspec.prepare.calibrate`, the error measurement `codec_error`.
+is `deepspec.cache.calibrate`, the error measurement `codec_error`.
 """
 from __future__ import annotations
 

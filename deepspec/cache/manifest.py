@@ -107,6 +107,19 @@ def expected_from_target(target) -> Dict[str, Any]:
             "index_convention": INDEX_CONVENTION, "num_layers": int(target.num_layers)}
 
 
+def _is_subset(want, have) -> bool:
+    if not want or not have:
+        return False
+    want, have = [int(i) for i in want], [int(i) for i in have]
+    return want == sorted(set(want)) and set(want) <= set(have)
+
+
+def layer_positions(cache_layer_ids, layer_ids) -> List[int]:
+    """Where each of ``layer_ids`` sits among a cache's layers (its features are concatenated in that order)."""
+    have = [int(i) for i in cache_layer_ids]
+    return [have.index(int(i)) for i in layer_ids]
+
+
 def manifest_view(m: Mapping[str, Any]) -> Dict[str, Any]:
     """The manifest's comparable identity, flat (same keys as `expected_from_target`)."""
     t = m.get("target", {})
@@ -137,8 +150,9 @@ def _short(v: Any) -> str:
     return s
 
 
-def compare(manifest: Mapping[str, Any], expected: Any, where: str = "cache") -> None:
-    """Raise `CacheMismatchError` listing every field that differs."""
+def compare(manifest: Mapping[str, Any], expected: Any, where: str = "cache", layer_subset: bool = False) -> None:
+    """Raise `CacheMismatchError` listing every field that differs.  With ``layer_subset`` the expected
+    layer ids may be any increasing subset of the cache's (a reader then picks those layers' features)."""
     if hasattr(expected, "fingerprint") and hasattr(expected, "layer_ids"):
         exp = expected_from_target(expected)
     elif isinstance(expected, Mapping):
@@ -149,6 +163,8 @@ def compare(manifest: Mapping[str, Any], expected: Any, where: str = "cache") ->
     else:
         raise TypeError(f"validate() takes a TargetAdapter or a dict, got {type(expected).__name__}")
     have = manifest_view(manifest)
+    if layer_subset and _is_subset(exp.get("layer_ids"), have.get("layer_ids")):
+        exp = {k: v for k, v in exp.items() if k not in ("layer_ids", "feature_dim")}
     bad: List[str] = []
     for k, v in exp.items():
         hv = have.get(k)

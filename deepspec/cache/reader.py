@@ -240,14 +240,14 @@ class CacheReader:
         for i in range(len(self)):
             yield self[i]
 
-    def validate(self, expected) -> "CacheReader":
+    def validate(self, expected, layer_subset: bool = False) -> "CacheReader":
         """Refuse (`CacheMismatchError`) a cache built for another target / layers / hidden size.
 
         ``expected`` is a `TargetAdapter` or a dict with any of ``weights_sha256``,
         ``tokenizer_sha256``, ``chat_template_sha256``, ``layer_ids``, ``hidden_size``,
         ``feature_dim``, ``index_convention``, ``num_layers``, ``codec`` (flat, or the
         hashes under ``"target"``)."""
-        compare(self.manifest, expected, where=f"cache {self.path}")
+        compare(self.manifest, expected, where=f"cache {self.path}", layer_subset=layer_subset)
         return self
 
     def codec_info(self) -> Dict[str, Any]:

@@ -95,9 +95,9 @@ class CacheUnion:
                 "loss_tokens": sum(p["loss_tokens"] for p in parts),
                 "stored_bytes": sum(p["stored_bytes"] for p in parts), "caches": parts}
 
-    def validate(self, expected) -> "CacheUnion":
+    def validate(self, expected, layer_subset: bool = False) -> "CacheUnion":
         for r in self.readers:
-            r.validate(expected)
+            r.validate(expected, layer_subset)
         return self
 
     def close(self) -> None:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import List, Literal, Optional
 
 
 @dataclass
@@ -11,10 +11,10 @@ class CacheConfig:
     # Training reads these finished caches too, after `dir` (same target, layers and codec; disjoint
     # sample ids), e.g. the cache of a second prepare run with data.start_sample.
     extra_dirs: List[str] = field(default_factory=list)
-    # bf16 (lossless) | fp8 | lowrank
-    codec: str = "bf16"
+    # Feature codec: bf16 (lossless) | fp8 | lowrank (lossy; see docs/cache.md).
+    codec: Literal["bf16", "fp8", "lowrank"] = "bf16"
     # bf16 byte layout before zstd: plain | planes | planes_cm (see docs/cache.md).
-    layout: str = "planes_cm"
+    layout: Literal["plain", "planes", "planes_cm"] = "planes_cm"
     zstd_level: int = 1
     # Samples per shard (shard k = input records [k*S, (k+1)*S), whatever the rank count).
     shard_samples: int = 256
@@ -28,6 +28,6 @@ class CacheConfig:
     calib_tokens: int = 16384
     # Lossy codecs (deepspec/cache/lossy.py): lowrank coefficients bf16 | fp8; last_hidden
     # bf16 (lossless, default: it defines the TV/CE target) | fp8; fp8 scale = margin*maxabs/448.
-    lowrank_coef: str = "bf16"
-    last_hidden_codec: str = "bf16"
+    lowrank_coef: Literal["bf16", "fp8"] = "bf16"
+    last_hidden_codec: Literal["bf16", "fp8"] = "bf16"
     fp8_margin: float = 1.25

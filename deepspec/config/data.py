@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Optional
+from typing import Dict, Literal, Optional
 
 
 @dataclass
 class DataConfig:
     # Source kind: sharegpt_package | jsonl | parquet | hf
-    source: str = "sharegpt_package"
+    source: Literal["sharegpt_package", "jsonl", "parquet", "hf"] = "sharegpt_package"
     path: Optional[str] = None
     # Hugging Face datasets source.
     hf_name: Optional[str] = None
@@ -23,15 +23,20 @@ class DataConfig:
     # Pass over this many good conversations first (counted, not kept): a later prepare extends an
     # earlier one without redoing it, e.g. start_sample=1000 max_samples=2000 keeps conversations 1000..2999.
     start_sample: int = 0
-    # Held-out split fraction and the seed of the id hash.
+    # The one held-out split: the fraction of conversations, chosen by a seeded hash of their id, that
+    # training never fits.  They are regenerated and cached like the rest; training scores them
+    # teacher-forced (eval/expected_tau) and decodes their prompts (heldout.jsonl, train.decode_eval_*).
     heldout_fraction: float = 0.02
     split_seed: int = 0
     # error | skip (skip writes the bad record to an error file and counts it).
-    on_error: str = "error"
+    on_error: Literal["error", "skip"] = "error"
     # Where skipped records go (JSONL); None = {regen dir}/errors.jsonl.
     errors_path: Optional[str] = None
     # Regenerated conversations (output of the regeneration step).
     regen_path: Optional[str] = None
     # Train without a cache: the frozen target runs inside training.
     online: bool = False
+    # Tokens per conversation (prompt turns and answers): the regeneration's prompt budget (unless
+    # engine.max_prompt_tokens), what the cache stores and what training reads (a cache built longer
+    # is cut to it).
     max_length: int = 2048

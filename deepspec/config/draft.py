@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Literal, Optional
 
 
 @dataclass
@@ -24,7 +24,8 @@ class LossConfig:
 
 @dataclass
 class DraftConfig:
-    # Registered algorithm name: dspark | dflash | eagle3.
+    # Registered algorithm name: dspark | dflash | eagle3 (a registry, open to new algorithms: checked
+    # by `deepspec.drafts.registry` when the drafter is built).
     algorithm: str = "dspark"
     gamma: int = 7
     num_layers: int = 5
@@ -35,14 +36,15 @@ class DraftConfig:
     num_key_value_heads: Optional[int] = None
     head_dim: Optional[int] = None
     # DSpark sequential head: none | markov | rnn.
-    sequential_head: str = "markov"
+    sequential_head: Literal["none", "markov", "rnn"] = "markov"
     head_rank: int = 256
     # W1 of the sequential (and confidence) head: table = a learned V×head_rank table (the paper);
     # target = ablation, not part of the paper: the target's frozen token embedding through a learned
     # hidden×head_rank map (saves (V − hidden)·head_rank parameters; not exportable to the engines).
-    head_embedding: str = "table"
+    head_embedding: Literal["table", "target"] = "table"
     confidence_head: bool = True
-    # Token id used for the mask slots; None = tokenizer pad/unk/eos in that order.
+    # Token id used for the mask slots; None = one that is never a real token: a reserved/unused token,
+    # else a spare embedding row, else an unused added special token (deepspec/targets/mask_token.py).
     mask_token_id: Optional[int] = None
     # Eagle3: training-time-test horizon.
     ttt_steps: int = 7
@@ -57,7 +59,7 @@ class DraftConfig:
     # hidden stream, no q/k norm), exportable with `deepspec export --to vllm|sglang` when it reads
     # exactly 3 target.layer_ids (DeepSpec's baseline reads 5: trains, not exportable); needs draft.num_layers=1
     # and draft.hidden_size unset.
-    eagle3_layout: str = "native"
+    eagle3_layout: Literal["native", "engine"] = "native"
     # Ablation for DFlash/DSpark, not part of either paper: also add a projection of the latest
     # target feature (position p-1) to every block input, the view Eagle3 gets in its layer input.
     # Default false keeps the published architecture (context only as extra K/V).

@@ -7,13 +7,13 @@ requests to one or more SGLang / vLLM / TGI / `deepspec serve` servers.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import List, Literal, Optional
 
 
 @dataclass
 class EngineConfig:
     # hf (embedded transformers engine) | openai (OpenAI-compatible servers)
-    kind: str = "hf"
+    kind: Literal["hf", "openai"] = "hf"
     # Sampling (temperature 0 = greedy).  seed None = the root `seed`.
     max_new_tokens: int = 1024
     temperature: float = 1.0
@@ -31,7 +31,7 @@ class EngineConfig:
     # hf engine decode loop: auto (static on CUDA, else deepspec) | deepspec (own loop, finished rows
     # leave the batch) | static (static KV cache, one CUDA graph replay per step on a GPU) | generate
     # (transformers' model.generate).  The same tokens under greedy decoding in fp32.
-    hf_loop: str = "auto"
+    hf_loop: Literal["auto", "deepspec", "static", "generate"] = "auto"
     # Samples scheduled together (turn by turn); None = 4 x batch_size (hf) or
     # 4 x total concurrency (openai).
     chunk_size: Optional[int] = None

@@ -25,14 +25,10 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
-from ..errors import UsageError
 from .schema import DeepSpecConfig
+from .typed import ConfigError, build, omegaconf_schema
 
 GROUPS = ("target", "draft", "data", "cache", "train", "eval", "schedule", "engine")
-
-
-class ConfigError(UsageError, ValueError):
-    """A config that cannot be composed or validated (names the key or file)."""
 
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
@@ -64,7 +60,7 @@ def list_recipes() -> List[str]:
 
 
 def _register_schema() -> None:
-    ConfigStore.instance().store(name="deepspec_schema", node=DeepSpecConfig)
+    ConfigStore.instance().store(name="deepspec_schema", node=omegaconf_schema(DeepSpecConfig))
 
 
 def _flatten(prefix: str, node) -> Iterable[str]:
@@ -132,10 +128,11 @@ def compose_config(overrides: Sequence[str] = (), config_name: str = "config") -
         GlobalHydra.instance().clear()
     check_keys(OmegaConf.to_container(cfg, resolve=False), DeepSpecConfig)
     try:
-        merged = OmegaConf.merge(OmegaConf.structured(DeepSpecConfig), cfg)
+        merged = OmegaConf.merge(OmegaConf.structured(omegaconf_schema(DeepSpecConfig)), cfg)
     except Exception as e:
         raise ConfigError(str(e)) from e
     OmegaConf.set_readonly(merged, False)
+    build(DeepSpecConfig, OmegaConf.to_container(merged, resolve=True))   # every enumerated key checked now
     return merged
 
 
@@ -161,14 +158,31 @@ def load_config(overrides: Sequence[str] = ()) -> DeepSpecConfig:
 
 
 def to_object(cfg) -> DeepSpecConfig:
+    """The typed config of a composed node (or of a plain mapping of its values)."""
     if isinstance(cfg, DeepSpecConfig):
         return cfg
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(DeepSpecConfig), cfg))
+    try:
+        node = OmegaConf.merge(OmegaConf.structured(omegaconf_schema(DeepSpecConfig)), cfg)
+    except Exception as e:
+        raise ConfigError(str(e)) from e
+    return build(DeepSpecConfig, OmegaConf.to_container(node, resolve=True))
+
+
+def as_node(cfg) -> DictConfig:
+    """A typed config (any section's dataclass) as a structured OmegaConf node."""
+    if isinstance(cfg, DictConfig):
+        return cfg
+    return OmegaConf.merge(OmegaConf.structured(omegaconf_schema(type(cfg))), dataclasses.asdict(cfg))
+
+
+def with_overrides(cfg, dotlist: Sequence[str]) -> DeepSpecConfig:
+    """``cfg`` with ``key=value`` overrides applied, validated like a composed config."""
+    check_keys(OmegaConf.to_container(OmegaConf.from_dotlist(list(dotlist))), DeepSpecConfig)
+    return to_object(OmegaConf.merge(as_node(cfg), OmegaConf.from_dotlist(list(dotlist))))
 
 
 def to_yaml(cfg) -> str:
-    node = cfg if isinstance(cfg, DictConfig) else OmegaConf.structured(cfg)
-    return OmegaConf.to_yaml(node, resolve=True)
+    return OmegaConf.to_yaml(as_node(cfg), resolve=True)
 
 
 def save_config(cfg, out_dir: str | os.PathLike, name: str = "resolved_config.yaml") -> Path:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import List, Literal, Optional
 
 
 @dataclass
@@ -14,7 +14,7 @@ class ScheduleConfig:
     profile_context_len: int = 256
     profile_repeats: int = 5
     # requests: B tokens as R requests × (1+γ) tokens over R contexts; flat: one [1, B] batch.
-    profile_mode: str = "requests"
+    profile_mode: Literal["requests", "flat"] = "requests"
     # Profile an SPS(R, B) grid instead: one fixed-concurrency table per R listed here, each over
     # B = R·(1..γ+1).  None = one SPS(B) table over profile_batch_sizes.
     profile_requests: Optional[List[int]] = None
@@ -29,7 +29,7 @@ class ScheduleConfig:
     # None = {eval_dir}/rollouts.jsonl.
     rollouts: Optional[str] = None
     # Verification-length policy for eval: fixed | threshold | scheduler.
-    policy: str = "fixed"
+    policy: Literal["fixed", "threshold", "scheduler"] = "fixed"
     # Threshold on calibrated cumulative confidence (policy=threshold); None = eval.confidence_threshold.
     threshold: Optional[float] = None
     # calibration.json to apply; None = {eval.checkpoint}/calibration.json if present.

@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import List, Literal, Optional
 
 
 @dataclass
 class TrainConfig:
-    strategy: str = "ddp"  # ddp | fsdp | deepspeed | single
+    # Data-parallel strategy: ddp | fsdp (FSDP2) | deepspeed (ZeRO, train.deepspeed_stage) | single (one process).
+    strategy: Literal["ddp", "fsdp", "deepspeed", "single"] = "ddp"
     lr: float = 6e-4
     weight_decay: float = 0.0
     betas_1: float = 0.9
@@ -19,7 +20,6 @@ class TrainConfig:
     global_batch_sequences: int = 512
     micro_batch_sequences: int = 4
     anchors_per_sequence: int = 512
-    max_length: int = 4096
     grad_clip: float = 1.0
     # bf16 autocast (fp32 master weights): true | false | null = where the device computes it natively
     # (GPUs with bf16; CPUs with AVX512-BF16/AMX, where the LM-head matmuls run ~4x faster).
@@ -28,7 +28,6 @@ class TrainConfig:
     deepspeed_stage: int = 2
     save_every: int = 1000
     eval_every: int = 500
-    heldout_fraction: float = 0.02
     log_every: int = 1
     keep_last: int = 3
     wandb: bool = False
@@ -37,13 +36,13 @@ class TrainConfig:
     # DataLoader worker processes per rank (cache reads, decompression, collation); null = auto:
     # up to 4 on a GPU, 0 on a CPU and in online mode (train/data.py loader_workers).
     num_workers: Optional[int] = None
-    # --- added by the trainer (issue 6) ---
+    # --- the trainer's own settings ---
     eps: float = 1e-8
     # Resume automatically from the latest complete checkpoint under {run_dir}/checkpoints.
     resume: bool = True
     # Online mode: dtype the target features are cast to — bfloat16 (what the cache stores,
     # so cached and online runs see the same inputs) | native (the target's own dtype).
-    online_feature_dtype: str = "bfloat16"
+    online_feature_dtype: Literal["bfloat16", "float32", "native"] = "bfloat16"
     # Sort each global batch by length before cutting micro-batches (less padding).
     group_by_length: bool = True
     pad_to_multiple_of: int = 1

@@ -224,7 +224,20 @@ def iter_hf(name: str, config: Optional[str] = None, split: str = "train", trust
     try:
         ds = datasets.load_dataset(name, config, split=split, streaming=streaming, **kw)
     except Exception as e:
-        raise DataError(f"cannot load the dataset: {type(e).__name__}: {e}", origin=where, reason="source") from e
+        first = (str(e).strip().splitlines() or [""])[0]
+        text = " ".join(str(x) for x in (e, e.__cause__) if x).lower()
+        if "offline" in text or "couldn't reach" in text or "connection" in text:
+            fix = (f"not in the datasets cache ({datasets.config.HF_DATASETS_CACHE}) and the hub is offline or "
+                   "unreachable; load it once where there is network and run with HF_DATASETS_OFFLINE=1, or point "
+                   "data.source=jsonl|parquet and data.path at a local copy")
+        elif "gated" in text:
+            fix = "the dataset is gated: accept its terms on the hub and log in (`hf auth login`, or HF_TOKEN)"
+        elif "doesn't exist" in text or "not found" in text:
+            fix = "no such dataset, config or split (check data.hf_name, data.hf_config and data.hf_split)"
+        else:
+            fix = "check data.hf_name, data.hf_config and data.hf_split"
+        raise DataError(f"cannot load the dataset (data.hf_name={name!r}): {type(e).__name__}: {first}; {fix}",
+                        origin=where, reason="source") from e
     for row, rec in enumerate(ds, 1):
         yield RawRecord(f"{where}:row {row}", where, row, value=rec)
 

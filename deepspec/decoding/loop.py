@@ -138,7 +138,7 @@ def _append(out: List[int], new: Sequence[int], eos: frozenset, max_new_tokens: 
 
 
 class DecodeLoop:
-    """What the chain loop and the tree loop (`tree_decode`) share: the prefill (the prompt's forward,
+    """What the chain loop and the tree loop (`tree_loop`) share: the prefill (the prompt's forward,
     the drafter's state, the first token), the emitted tokens, each round's record and the finish."""
 
     def __init__(self, target, drafter, prompt_ids, warp: Warp, generator, eos_token_ids, max_new_tokens: int,

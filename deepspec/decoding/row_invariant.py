@@ -21,9 +21,9 @@ from typing import Dict, List, Optional
 import torch
 import torch.nn.functional as F
 
-from ..targets.attention import attention_implementation
+from ..targets.attention import attention_implementation, full_attention
 
-__all__ = ["NAME", "row_invariant", "row_invariant_attention"]
+__all__ = ["NAME", "check_row_invariant_target", "row_invariant", "row_invariant_attention"]
 
 NAME = "deepspec_row_invariant"
 _registered = False
@@ -82,10 +82,21 @@ def _register() -> None:
         _registered = True
 
 
+def check_row_invariant_target(target) -> None:
+    """Full attention in every layer: a sliding window or a recurrent layer would need more than the
+    rows' key sets (refused, naming the key)."""
+    arch = getattr(target, "arch", None)
+    kinds = tuple(arch.kinds) if arch is not None else ("full_attention",)
+    if kinds != ("full_attention",) or not full_attention(target.model):
+        raise ValueError(f"eval.row_invariant: target {getattr(target, 'name', '')} has {', '.join(kinds)} layers; "
+                         "row-invariant verification needs full attention in every layer")
+
+
 @contextmanager
 def row_invariant(target):
     """Run ``target.decode`` calls inside through `row_invariant_attention` (the adapter's own fast paths
     are switched off for the duration, so the model reads this implementation)."""
+    check_row_invariant_target(target)
     _register()
     saved = target.fast_attention
     target.fast_attention = False

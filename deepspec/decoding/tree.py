@@ -5,7 +5,7 @@ proposes the target's token about 40% of the time, but the target's token is amo
 four about 57% of the time.  Where a verification forward of 16 tokens costs little more than one of 8
 (a memory-bound target: bf16 on a CPU, most GPUs at batch 1), verifying a tree of the likeliest
 continuations raises the tokens per round for a smaller rise in the cost of a round (measured in
-docs/benchmarks-notes.md, "Tree verification").
+docs/benchmarks/verification.md).
 
 `grow_tree` builds the tree level by level, as EAGLE-2 does: at each depth the ``width`` nodes with
 the highest cumulative draft log-probability are expanded, each into ``width`` children; at the end

@@ -5,8 +5,10 @@ KV cache and to its own ancestors in the tree (itself included), and sits at pos
 ``cache length + depth`` — so every root-to-node path sees exactly what a chain forward over that path
 would see, and its logits are that chain's logits (up to the rounding of a different kernel shape).
 transformers takes such a 4-D (additive) mask as it is; `TargetAdapter.decode` runs it through
-`deepspec.targets.attention.tree_attention` (GQA inside SDPA) where the model allows, else through the stock attention.
-Sliding-window layers would need the window inside the mask, so those targets are refused.
+`deepspec.targets.attention.tree_attention` (GQA inside SDPA) where the model allows, else through the stock
+attention.  Sliding-window layers get the window inside their mask (`deepspec.targets.tree_masks`); targets
+with recurrent layers, or whose decoder cannot take a mask per layer kind where full and sliding layers mix,
+are refused.
 """
 from __future__ import annotations
 
@@ -14,15 +16,21 @@ from typing import Tuple
 
 import torch
 
-from ..targets.attention import full_attention
+from ..targets.architecture import TargetUnsupported
+from ..targets.tree_masks import accepts_mask_mapping, additive, layer_masks
 
 __all__ = ["check_tree_target", "ancestor_mask", "tree_inputs"]
 
 
 def check_tree_target(target) -> None:
-    if not full_attention(target.model):
-        raise ValueError(f"target {target.name}: tree verification (eval.tree_nodes) needs full attention in "
-                         "every layer; this model has sliding-window layers (use chain verification)")
+    """Raise `TargetUnsupported` (one line, with the reason) where trees cannot be verified exactly."""
+    arch = target.arch
+    why = arch.tree_refusal()
+    if why is None and len(arch.kinds) > 1 and not accepts_mask_mapping(target):
+        why = "its decoder takes one attention mask for layers that mix full and sliding-window attention"
+    if why:
+        raise TargetUnsupported(f"target {target.name}: tree verification (eval.tree_nodes) refused: {why} "
+                                "(use chain verification)")
 
 
 def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
@@ -38,10 +46,15 @@ def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
 
 
 def tree_inputs(target, parents: torch.Tensor, depths: torch.Tensor, past: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(attention mask [1, 1, n+1, past+n+1], position ids [1, n+1]) for `TargetAdapter.decode`."""
+    """(attention mask [1, 1, n+1, past+n+1] — one per layer kind where full and sliding-window layers
+    mix —, position ids [1, n+1]) for `TargetAdapter.decode`."""
     anc = ancestor_mask(parents)
-    allowed = torch.cat([torch.ones(anc.shape[0], past, dtype=torch.bool), anc], dim=1)[None, None]
     pos = torch.cat([torch.zeros(1, dtype=torch.long), depths.long().cpu()]) + past
+    allowed = torch.cat([torch.ones(anc.shape[0], past, dtype=torch.bool), anc], dim=1)
+    if target.arch.sliding:       # the window inside the mask of the sliding layers
+        masks = layer_masks(target.arch, allowed, pos, torch.cat([torch.arange(past), pos]), target.dtype)
+        if isinstance(masks, dict):
+            return {k: m.to(target.device) for k, m in masks.items()}, pos[None].to(target.device)
+        return masks.to(target.device), pos[None].to(target.device)
     # additive (0 / −∞-like): what every attention path takes, and SDPA's fastest form on the CPU
-    mask = torch.zeros(allowed.shape, dtype=target.dtype).masked_fill(~allowed, torch.finfo(target.dtype).min)
-    return mask.to(target.device), pos[None].to(target.device)
+    return additive(allowed[None, None], target.dtype).to(target.device), pos[None].to(target.device)

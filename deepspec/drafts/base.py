@@ -25,6 +25,7 @@ from torch import nn
 
 from ..config import ConfigError
 from ..config.draft import DraftConfig
+from ..targets.mask_token import choose_mask_token, target_tokens
 from .checkpoint import CONFIG_NAME, FORMAT_VERSION, WEIGHTS_NAME, coerce_draft_config
 from .fused_loss import autocast_dtype
 from .registry import load_drafter
@@ -69,14 +70,13 @@ def draw(probs: torch.Tensor, warp: Warp, generator: Optional[torch.Generator] =
     return torch.multinomial(probs, 1, generator=generator)
 
 
-def resolve_mask_token_id(cfg: DraftConfig, tokenizer) -> int:
+def resolve_mask_token_id(cfg: DraftConfig, target) -> int:
+    """``draft.mask_token_id``, else the target's token chosen by `deepspec.targets.mask_token`
+    (a reserved/unused token, a spare embedding row, an unused added special token)."""
     if cfg.mask_token_id is not None:
         return int(cfg.mask_token_id)
-    for name in ("pad_token_id", "unk_token_id", "eos_token_id"):
-        tid = getattr(tokenizer, name, None)
-        if isinstance(tid, int):
-            return tid
-    raise ValueError("no mask token: set draft.mask_token_id (the tokenizer has no pad/unk/eos token)")
+    inventory, rows, stops = target_tokens(target)
+    return choose_mask_token(inventory, rows, stops)[0]
 
 
 def batch_masks(batch: Dict[str, torch.Tensor], device) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -115,7 +115,7 @@ class Drafter(nn.Module):
         self.target_hidden_size = int(target.hidden_size)
         self.feature_dim = int(target.feature_dim)
         self.layer_ids = list(target.layer_ids)
-        self.mask_token_id = resolve_mask_token_id(self.cfg, target.tokenizer)
+        self.mask_token_id = resolve_mask_token_id(self.cfg, target)
         self.cfg.mask_token_id = self.mask_token_id   # the effective config is what gets saved
         # Draft vocabulary (draft.vocab_size = N): the target ids the draft head scores, sorted; a
         # buffer, so checkpoints carry it.  Until `set_draft_vocab` it holds the first N ids.

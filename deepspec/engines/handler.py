@@ -33,9 +33,12 @@ class Faults:
     ``fail_every=k``: every k-th request answers HTTP 500.  ``stall_every=k``: every
     k-th request sleeps ``stall_s`` before answering (the client should time out).
     ``fail_when(body) -> bool``: answer 500 whenever it returns True (a permanently
-    failing sample).
+    failing sample).  ``busy_every=k``: every k-th request answers HTTP 429 with
+    ``Retry-After: busy_retry_after`` (seconds, as an overloaded server does).
     """
     fail_every: int = 0
+    busy_every: int = 0
+    busy_retry_after: int = 1
     stall_every: int = 0
     stall_s: float = 5.0
     fail_when: Optional[Callable[[Dict[str, Any]], bool]] = None
@@ -45,6 +48,7 @@ class Faults:
         self._lock = threading.Lock()
         self.failed = 0
         self.stalled = 0
+        self.busy = 0
 
     def decide(self, body: Dict[str, Any]) -> Optional[str]:
         with self._lock:
@@ -56,6 +60,9 @@ class Faults:
         if self.fail_every and n % self.fail_every == 0:
             self.failed += 1
             return "fail"
+        if self.busy_every and n % self.busy_every == 0:
+            self.busy += 1
+            return "busy"
         if self.stall_every and n % self.stall_every == 0:
             self.stalled += 1
             return "stall"
@@ -99,9 +106,12 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, fmt, *args):  # quiet by default; errors still go to the logger
         log.debug("%s " + fmt, self.address_string(), *args)
 
-    def _send(self, status: int, obj: Dict[str, Any], close: bool = False) -> None:
+    def _send(self, status: int, obj: Dict[str, Any], close: bool = False,
+              headers: Optional[Dict[str, str]] = None) -> None:
         data = json.dumps(obj, ensure_ascii=False).encode("utf-8")
         self.send_response(status)
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         if close:
@@ -199,6 +209,10 @@ class _Handler(BaseHTTPRequestHandler):
             fault = srv.faults.decide(body if isinstance(body, dict) else {})
             if fault == "fail":
                 return self._error(500, "injected failure (test fault injection)", code="injected")
+            if fault == "busy":
+                return self._send(429, {"error": {"message": "injected overload (test fault injection)",
+                                                  "type": "server_error", "code": "busy"}},
+                                  headers={"Retry-After": str(srv.faults.busy_retry_after)})
             if fault == "stall":
                 time.sleep(srv.faults.stall_s)
         try:

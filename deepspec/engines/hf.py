@@ -194,7 +194,8 @@ class HFEngine(Engine):
         out = torch.full((B, N), self.pad_token_id, dtype=torch.long, device=dev)
         rows = torch.arange(B, device=dev)                 # batch row -> original row
         done = torch.zeros(B, dtype=torch.bool, device=dev)
-        cache = DynamicCache()
+        cache = DynamicCache(config=self.model.config)      # the model's own layer kinds (recurrent ones too)
+        droppable = all(hasattr(layer, "batch_select_indices") for layer in cache.layers)
         logits = self._step_logits(input_ids, attn, pos, cache)
         temp = 0.0 if params.greedy else params.temperature
         for step in range(N):
@@ -206,7 +207,7 @@ class HFEngine(Engine):
             n_done = int(done.sum())                       # the one host synchronisation of a step
             if n_done == done.numel():
                 break
-            if n_done >= max(1, done.numel() // 8) and hasattr(cache, "batch_select_indices"):   # drop finished rows
+            if n_done >= max(1, done.numel() // 8) and droppable:   # drop finished rows
                 keep = (~done).nonzero().squeeze(1)
                 cache.batch_select_indices(keep)
                 attn, pos, seeds_t, rows, tok = attn[keep], pos[keep], seeds_t[keep], rows[keep], tok[keep]

@@ -10,6 +10,7 @@
 """
 from __future__ import annotations
 
+import email.utils
 import logging
 import os
 import queue
@@ -210,8 +211,10 @@ class OpenAIEngine(Engine):
             if r.status_code in (400, 413, 422) and any(h in low for h in _TOO_LONG_HINTS):
                 return GenerationError(f"{server.url}: HTTP {r.status_code}: {msg}", code="prompt_too_long")
             retry = r.status_code >= 500 or r.status_code in (408, 429)
-            return GenerationError(f"{server.url}: HTTP {r.status_code}: {msg}",
-                                   code="http_error" if retry else "bad_request", retryable=retry)
+            err = GenerationError(f"{server.url}: HTTP {r.status_code}: {msg}",
+                                  code="http_error" if retry else "bad_request", retryable=retry)
+            err.retry_after = retry_after_s(r.headers.get("Retry-After"))
+            return err
         try:
             data = r.json()
             choice = data["choices"][0]
@@ -228,9 +231,14 @@ class OpenAIEngine(Engine):
             return GenerationError(f"{server.url}: malformed response ({type(e).__name__}: {e})",
                                    code="http_error", retryable=True)
 
-    def _backoff(self, attempt: int) -> float:
+    def _backoff(self, attempt: int, retry_after: Optional[float] = None) -> float:
+        """Exponential backoff with jitter; a server's ``Retry-After`` (429/503) is honoured as the least
+        wait, up to ``engine.backoff_max_s``."""
         base = min(self.backoff_max_s, self.backoff_s * (2 ** attempt))
-        return base * (0.5 + 0.5 * random.random())
+        wait = base * (0.5 + 0.5 * random.random())
+        if retry_after is not None:
+            wait = max(wait, min(retry_after, self.backoff_max_s))
+        return wait
 
     # -- many requests -----------------------------------------------------------------
     def generate(self, prompts: Sequence[Messages], params: SamplingParams,
@@ -285,7 +293,7 @@ class OpenAIEngine(Engine):
                     if isinstance(r, GenerationError):
                         r.attempts = attempt + 1
                         if r.retryable and attempt < self.max_retries and self.live_servers:
-                            time.sleep(self._backoff(attempt))
+                            time.sleep(self._backoff(attempt, getattr(r, "retry_after", None)))
                             work.put((i, attempt + 1))
                             continue
                     finish(i, r)
@@ -316,6 +324,22 @@ class OpenAIEngine(Engine):
             if results[i] is None:
                 finish(i, GenerationError("no live server left", code="connection", retryable=True))
         return results  # type: ignore[return-value]
+
+
+def retry_after_s(value: Optional[str], now: Optional[float] = None) -> Optional[float]:
+    """Seconds to wait from a ``Retry-After`` header (delta-seconds or an HTTP date); None if absent or bad."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when is None:
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
 def _error_info(r: requests.Response) -> Tuple[str, str]:

@@ -48,6 +48,8 @@ class _ReferenceDrafter(Drafter):
                  algorithm: str = ""):
         cfg = coerce_draft_config(cfg if cfg is not None else DraftConfig())
         cfg = dataclasses.replace(cfg, algorithm=algorithm, **({} if gamma is None else {"gamma": int(gamma)}))
+        if cfg.mask_token_id is None:      # never fed to anything: no block positions to mask, no search for one
+            cfg = dataclasses.replace(cfg, mask_token_id=0)
         super().__init__(target, cfg)
 
     @property

@@ -31,15 +31,18 @@ import torch
 from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
-from ..config import save_config
+from ..config import ConfigError, as_node, save_config
 from ..decoding.chain import speculative_generate
 from ..decoding.loop import GenerationResult, RoundStats, target_generate
 from ..decoding.policy import build_policy
+from ..decoding.row_invariant import check_row_invariant_target
 from ..decoding.settings import TreeSetting, tree_setting
 from ..decoding.tree_loop import tree_generate
 from ..decoding.warp import Warp, make_warp
 from ..paths import eval_dir
+from ..drafts.checkpoint import read_checkpoint_config
 from ..targets import load_target
+from ..targets.loader import check_target_source
 from ..targets.chat import encode_prompt
 from ..utils.fs import atomic_write, jsonl_line
 from .benchmarks import Sample, domain_of, load_benchmarks
@@ -277,8 +280,7 @@ def _clean(x):
 
 
 def _config_dict(cfg) -> Dict[str, Any]:
-    node = cfg if not hasattr(cfg, "__dataclass_fields__") else OmegaConf.structured(cfg)
-    return OmegaConf.to_container(node, resolve=True)
+    return OmegaConf.to_container(as_node(cfg), resolve=True)
 
 
 def fingerprint(cfg, benches: Mapping[str, Sequence[Sample]]) -> str:
@@ -316,10 +318,16 @@ def run(cfg) -> Dict[str, Any]:
     An output directory whose results.json was written for the same config, checkpoint files and
     prompts is reused as it is (``eval.rerun=true`` decodes again)."""
     ec = cfg.eval
+    benches = load_benchmarks(ec.data_dir, ec.benchmarks, ec.max_samples)   # fail before loading models
+    if ec.checkpoint:                              # a missing or damaged checkpoint, before the target loads
+        try:
+            read_checkpoint_config(ec.checkpoint)
+        except FileNotFoundError as e:
+            raise FileNotFoundError(f"eval.checkpoint={ec.checkpoint}: {e}") from None
+    check_target_source(cfg.target)
     out = eval_dir(cfg)
     out.mkdir(parents=True, exist_ok=True)
     save_config(cfg, out)
-    benches = load_benchmarks(ec.data_dir, ec.benchmarks, ec.max_samples)   # fail before loading models
     fp = fingerprint(cfg, benches)
     old = None if getattr(ec, "rerun", False) else _reusable(out, fp)
     if old is not None:
@@ -333,6 +341,11 @@ def run(cfg) -> Dict[str, Any]:
     policy, temps = build_policy(cfg, target)
     warp = make_warp(ec.temperature, ec.top_k, ec.top_p, ec.min_p)
     tree = tree_setting(cfg, target, drafter, policy, warp)
+    if ec.row_invariant:
+        try:
+            check_row_invariant_target(target)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
     policy_name = tree.describe() if tree else getattr(policy, "name", type(policy).__name__)
     if tree is not None and tree.source != "eval config":
         log.info("eval: %s is the %s drafter's default for %s decoding (eval.decoding=chain verifies chains)",

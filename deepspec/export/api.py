@@ -21,9 +21,9 @@ from . import schemas
 from .card import model_card
 from .common import (CONFIG_NAME, PROVENANCE_NAME, WEIGHTS_NAME, ExportResult, check_output_dir, find_results,
                      has_target_source, load_target_for, read_checkpoint, read_results, write_json)
-from .draft_vocab import VOCAB_FILE, find_vocab_file, read_tensors
-from .engine_formats import ENGINE_FORMATS, Plan, target_blockers, verifier_name
-from .errors import ExportError, ExportUnsupported
+from .vocab_map import VOCAB_FILE, find_vocab_file, read_tensors
+from .engine_formats import ENGINE_FORMATS, ENGINE_NAMES, Plan, target_blockers, verifier_name
+from .errors import ExportError, ExportUnsupported, refusal
 from .importers import detect_format, import_engine
 from .registry import exporter_for
 
@@ -65,22 +65,25 @@ def verify_export(out: Path, fmt: str, original, target, nothing_dropped: bool, 
 
     * ``reimport*``: our drafter rebuilt from the written files vs the trained drafter (must be exact);
       skipped when heads were dropped (the export intentionally differs then).
-    * ``reference*`` (engine formats): an independent implementation of the engine's forward
-      (`deepspec.export.reference`, `deepspec.export.reference_eagle3`) on the written files vs the
-      re-imported drafter."""
+    * ``engine*`` (engine formats): an independent implementation of the engine's forward
+      (`deepspec.export.engine_parallel`, `deepspec.export.engine_eagle3`) on the written files vs the
+      re-imported drafter; ``*mass_outside_vocab``: the softmax probability the engine forward leaves
+      outside a draft vocabulary it scores as one more Markov rank dimension (at most 1e-30)."""
     out = Path(out)
     original = original.eval()
     re_drafter = import_draft(out, target, fmt).eval()
     batch = probe_batch(target, int(original.cfg.gamma), seed, dtype=original.param_dtype)
     got, ref = exporter_for(original.algorithm).compare(out, fmt, original, re_drafter, batch, target,
                                                          nothing_dropped)
-    # fp32 end to end: the re-import must be bit-exact and the reference agree to rounding;
+    # fp32 end to end: the re-import must be bit-exact and the engine forward agree to rounding;
     # low-precision targets/drafts round the LM-head input, so the bounds scale with the logits
     exact = target.dtype == torch.float32 and original.param_dtype == torch.float32
     scale = max(1.0, float(ref.float().abs().max()))
     for k, v in got.items():
         if k.startswith("reimport"):
             tol = (1e-6 if exact else 1e-2) * scale
+        elif k.endswith("mass_outside_vocab"):     # a probability, whatever the dtype: 0 up to fp32 underflow
+            tol = 1e-30
         else:
             tol = (1e-4 if exact else 3e-2) * scale
         if not v <= tol:
@@ -116,20 +119,20 @@ def export_draft(ckpt_path, out, fmt: str, *, target_path: Optional[str] = None,
     res = read_results(res_path)
     tcfg = None
     exporter = exporter_for(ckpt.algorithm)
-    if fmt != "hf":   # refuse what the engine cannot run before loading anything
-        with safe_open(str(ckpt.weights_path()), framework="pt") as f:
-            keys = list(f.keys())
-        exporter.analyze(fmt, ckpt.algorithm, {**ckpt.draft, "_n_feature_layers": len(ckpt.layer_ids)}, keys,
-                         allow_drop_heads=allow_drop_heads)
+    refused = analysis(fmt, exporter, ckpt, allow_drop_heads) if fmt != "hf" else None
     if target is None and (fmt != "hf" or has_target_source(ckpt, target_path, overrides)):
         try:
             target, tcfg = load_target_for(ckpt, target_path, overrides)
         except (OSError, ValueError) as e:
+            if refused is not None:
+                raise refused from None
             if fmt != "hf":
                 raise ExportError(f"cannot load the target for a {fmt} export ({e}); give --target-path or "
                                   "target.* overrides") from e
             log.warning("exporting without a target (%s): no fingerprint check, no self-check", e)
             target = None
+    if fmt != "hf":
+        refuse(fmt, exporter, ckpt.meta.get("mask_token_id"), target, refused)
     if target is not None and tcfg is None:    # a loaded target was handed in: name it as best we can
         run_path = ((ckpt.run or {}).get("target") or {}).get("path")
         tcfg = TargetConfig(path=target_path or run_path or getattr(target, "name", "target"))
@@ -179,6 +182,34 @@ def export_draft(ckpt_path, out, fmt: str, *, target_path: Optional[str] = None,
     return result
 
 
+def analysis(fmt: str, exporter, ckpt, allow_drop_heads: bool) -> Optional[ExportUnsupported]:
+    """The exporter's refusal of the checkpoint in ``fmt`` (None if `Exporter.analyze` accepts it), read
+    from its config and weight names before anything is loaded or written."""
+    with safe_open(str(ckpt.weights_path()), framework="pt") as f:
+        keys = list(f.keys())
+    try:
+        exporter.analyze(fmt, ckpt.algorithm, {**ckpt.draft, "_n_feature_layers": len(ckpt.layer_ids)}, keys,
+                         allow_drop_heads=allow_drop_heads)
+    except ExportUnsupported as e:
+        return e
+    return None
+
+
+def refuse(fmt: str, exporter, mask_token_id, target, refused: Optional[ExportUnsupported] = None) -> None:
+    """Raise one `ExportUnsupported` for everything ``fmt`` cannot serve: ``refused`` (the exporter's
+    `analyze`) together with what the target shows (`Exporter.target_problems`: the mask token)."""
+    extra = exporter.target_problems(fmt, mask_token_id, target) if target is not None else []
+    if not extra:
+        if refused is not None:
+            raise refused
+        return
+    if refused is not None and not refused.problems:
+        raise ExportUnsupported(f"{refused} Also: " + "; ".join(f"{c} — {why}; retrain with {fix}"
+                                                                for c, fix, why in extra))
+    problems = (list(refused.problems) if refused is not None else []) + extra
+    raise refusal(f"{ENGINE_NAMES[fmt]} cannot serve this draft", problems)
+
+
 def write_vocab_file(out: Path, ckpt, warnings: List[str]) -> Optional[int]:
     """A pruned draft's ``draft_vocab.json`` (`deepspec.data.vocab`) in ``out``, so that the export says which
     tokenizer its ids belong to (`deepspec check` verifies it): the run's file when it lists the checkpoint's
@@ -221,6 +252,7 @@ def export_engine(fmt: str, drafter, target, target_cfg, out: Path, allow_drop_h
     blockers = target_blockers(target)
     if blockers:
         raise ExportUnsupported(f"{fmt}: " + "; ".join(blockers) + ". Nothing was written.")
+    refuse(fmt, exporter, drafter.mask_token_id, target)
     if max(target.layer_ids) == target.num_layers - 1 and fmt == "vllm":
         plan.warnings.append(f"layer id {target.num_layers - 1} is the target's last decoder layer: vLLM captures "
                              "the input of layer k, so it needs aux id = num_layers, which not every vLLM model "

@@ -8,9 +8,11 @@ Checks, each reported with what it means for serving:
 * the mask token is inside the vocabulary;
 * a reduced draft vocabulary (``draft.vocab_size = N``): the checkpoint's ``draft_vocab`` or the
   export's ``draft_vocab_size`` / ``d2t`` / ``t2d`` are consistent (ids in range, strictly
-  increasing, d2t and t2d agree, ``draft_vocab_size`` = len(d2t)), the exported ``lm_head`` rows
+  increasing, d2t and t2d agree, ``draft_vocab_size`` = len(d2t)) or, in SGLang's DSpark, the
+  Markov rank dimension that holds it (`deepspec.export.vocab_rank`), the exported ``lm_head`` rows
   are the target's on those tokens, and the vocabulary was selected with this tokenizer (its
-  ``draft_vocab.json`` — next to the draft or in the run directory — else the recorded hash);
+  ``draft_vocab.json`` — next to the draft or in the run directory — else the recorded hash); a
+  ``draft_vocab.json`` next to a draft that scores the full vocabulary is a mismatch;
 * the chat template rendered the way training did (``target.encode_chat`` of the whole
   conversation, with the training run's template switches) against the way an
   OpenAI-compatible server does (``tokenizer.apply_chat_template(messages before the
@@ -41,9 +43,10 @@ from ..config import ConfigError
 from ..data.vocab import VocabError, load_vocab
 from ..targets import load_target
 from ..targets.chat import encode_chat, encode_prompt
+from ..targets.mask_token import mask_token_problem, target_tokens
 from .common import (CONFIG_NAME, PROVENANCE_NAME, RUN_YAML, WEIGHTS_NAME, Checkpoint, resolve_target_config,
                      target_overrides)
-from .draft_vocab import find_vocab_file, lm_head_rows, read_mapping, read_tensors
+from .vocab_map import VOCAB_FILE, find_vocab_file, lm_head_rows, read_mapping, read_tensors
 from .errors import ExportError
 from .registry import exporter_for
 
@@ -121,7 +124,7 @@ def _recorded(path: Path) -> Dict[str, Any]:
                           f"(no {PROVENANCE_NAME}); engine checkpoints trained elsewhere record no target hashes")
     prov = json.loads(prov_path.read_text())
     engine_ids, mask = exporter_for(str(prov.get("algorithm"))).recorded_layer_ids(str(prov.get("format")), cfg)
-    return {"target": prov.get("target") or {}, "mask_token_id": mask,
+    return {"target": prov.get("target") or {}, "mask_token_id": mask, "format": prov.get("format"),
             "algorithm": prov.get("algorithm"), "run": run, "engine_layer_ids": engine_ids, "config": cfg,
             "source_checkpoint": prov.get("source_checkpoint")}
 
@@ -233,10 +236,13 @@ def check_draft(path, target, conversations: Optional[List[List[Dict[str, str]]]
                    saved=want_v, target=have_v)
     mask = rec.get("mask_token_id")
     if mask is not None:
-        report.add("mask token", 0 <= int(mask) < int(target.vocab_size),
-                   f"id {mask} ({target.tokenizer.convert_ids_to_tokens(int(mask))!r})"
-                   if 0 <= int(mask) < int(target.vocab_size) else
-                   f"id {mask} is outside the target vocabulary ({target.vocab_size})")
+        inside = 0 <= int(mask) < int(target.vocab_size)
+        problem = mask_token_problem(*_tokens(target, int(mask))) if inside else None
+        engine = rec.get("format") not in (None, "hf")     # engines stop a block at a stop token; deepspec does not
+        report.add("mask token", inside and not (engine and problem),
+                   (f"id {mask} ({target.tokenizer.convert_ids_to_tokens(int(mask))!r})"
+                    + (f"; {problem} before serving it with an engine" if problem else ""))
+                   if inside else f"id {mask} is outside the target vocabulary ({target.vocab_size})")
     _check_vocabulary(report, path, rec, target)
     train_kw = _training_template_kwargs(rec["run"], target)
     server_kw = dict(target.chat_template_kwargs) if server_template_kwargs is None else dict(server_template_kwargs)
@@ -258,11 +264,23 @@ def check_draft(path, target, conversations: Optional[List[List[Dict[str, str]]]
     return report
 
 
+def _tokens(target, mask: int):
+    inventory, rows, stops = target_tokens(target)
+    return inventory, mask, rows, stops
+
+
 def _check_vocabulary(report: CheckReport, path: Path, rec: Dict[str, Any], target) -> None:
     """The "draft vocabulary" finding of a draft with a reduced vocabulary (none for a full one)."""
     V = int(target.vocab_size)
-    ids, problems = read_mapping(path, rec["config"], V)
+    held = None
+    if rec.get("format") not in (None, "hf"):    # an engine layout of the algorithm's own (SGLang DSpark: a rank)
+        held = exporter_for(str(rec.get("algorithm"))).held_vocabulary(str(rec["format"]), path, rec["config"], V)
+    ids, problems = held if held is not None else read_mapping(path, rec["config"], V)
     if ids is None and not problems:
+        if (path / VOCAB_FILE).is_file():      # exports write one for a reduced vocabulary only
+            report.add("draft vocabulary", False, f"{path / VOCAB_FILE} lists a draft vocabulary but "
+                       f"{path / WEIGHTS_NAME} scores the full target vocabulary: the draft does not hold the "
+                       "vocabulary it was trained on — re-export from the training checkpoint")
         return
     if ids is not None:
         try:     # an export's lm_head must be the target's rows of the draft vocabulary

@@ -18,8 +18,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="deepspec export",
         description="Export a draft checkpoint for serving. hf: our from_pretrained directory + model card; "
-                    "vllm: speculators DSpark format; sglang: SGLang DSpark draft (eagle3 drafts trained with "
-                    "draft.eagle3_layout=engine: speculators / SGLang EAGLE-3). Engine formats need the "
+                    "vllm: speculators DSpark format; sglang: SGLang DSpark draft, which SpecForge loads too (eagle3 "
+                    "drafts in the engine layout, draft=eagle3's default: speculators / SGLang EAGLE-3). Engine "
+                    "formats need the "
                     "target (from the checkpoint's run.yaml, --target-path or target.* overrides); whatever an "
                     "engine cannot run exactly is refused with an explanation.")
     p.add_argument("--to", dest="fmt", required=True, choices=list(FORMATS))

@@ -11,7 +11,8 @@ from typing import Any, Dict, List, Optional, Sequence
 import yaml
 from omegaconf import OmegaConf
 
-from ..config import ConfigError, TargetConfig, load_config
+from ..config import ConfigError, TargetConfig, as_node, load_config
+from ..config.typed import build
 from ..drafts import available_drafters
 from ..targets import load_target
 from .errors import ExportError
@@ -103,13 +104,13 @@ def resolve_target_config(ckpt: Optional[Checkpoint], target_path: Optional[str]
         if isinstance(run_target, dict):
             known = {f.name for f in dataclasses.fields(TargetConfig)}
             base = TargetConfig(**{k: v for k, v in run_target.items() if k in known})
-        node = OmegaConf.structured(base)
+        node = as_node(base)
         if overrides:
             try:
                 node = OmegaConf.merge(node, OmegaConf.from_dotlist([o[len("target."):] for o in overrides]))
             except Exception as e:   # omegaconf raises several validation error types
                 raise ConfigError(f"bad target override: {e}") from e
-        cfg = OmegaConf.to_object(node)
+        cfg = build(TargetConfig, OmegaConf.to_container(node, resolve=True), "target.")
     if target_path:
         cfg = dataclasses.replace(cfg, path=target_path)
     explicit_device = any(o.startswith("target.device=") for o in overrides)

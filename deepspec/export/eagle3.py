@@ -9,10 +9,15 @@ target:
 * ``lm_head.weight`` — the target's LM head, ``[V, H]``; for a reduced draft vocabulary
   (``draft.vocab_size = N``) its rows of the N draft tokens, ``[N, H]``, and ``draft_vocab_size = N``;
 * ``d2t`` (int64, ``[draft_vocab_size]``) and ``t2d`` (bool, ``[V]``) — the draft→target
-  vocabulary map in the EAGLE repo's convention (target id = draft id + d2t): zeros / all true for
-  the full vocabulary (`deepspec.export.draft_vocab`);
-* no ``embed_tokens.weight``: both engines use the target's embedding for an EAGLE-3 draft
-  of the target's width (vLLM skips the key when absent, SGLang ``set_embed``).
+  vocabulary map in the EAGLE repo's convention (target id = draft id + d2t): in the vllm
+  (speculators) format for a reduced vocabulary only (speculators 0.9.0's full-vocabulary model has
+  no such buffers and reports them as unexpected keys); in the sglang format always, zeros / all true
+  for the full vocabulary (SpecForge 0.2.0's ``LlamaForCausalLMEagle3`` holds both buffers and its
+  SGLang exporter requires them; SGLang turns ``d2t`` into ``hot_token_id``) (`deepspec.export.vocab_map`);
+* ``embed_tokens.weight`` — the target's token embedding: speculators 0.9.0 keeps what the
+  checkpoint holds and refills only NaN weights from the verifier, so without it the draft
+  embeds every token as zeros; vLLM loads it as the draft's own (equal to the target's), SGLang
+  replaces it with the target's (``set_embed``).
 
 Sources: vLLM ``vllm/model_executor/models/llama_eagle3.py`` (``LlamaDecoderLayer`` with
 2·hidden ``qkv_proj`` and ``hidden_norm``; ``Eagle3LlamaForCausalLM.load_weights``:
@@ -26,8 +31,9 @@ Sources: vLLM ``vllm/model_executor/models/llama_eagle3.py`` (``LlamaDecoderLaye
 ours          vLLM (speculators ``eagle3``)               SGLang (``LlamaForCausalLMEagle3``)
 ============  =========================================  ==========================================
 eagle3        speculators ``eagle3``: ``layers.0.*``,     ``LlamaForCausalLMEagle3``: ``midlayer.*``,
- engine       ``fc``, ``norm``, target ``lm_head`` (rows  ``fc``, ``norm``, target ``lm_head`` (rows
- layout       of the draft vocabulary), ``d2t``/``t2d``    of the draft vocabulary), ``d2t``/``t2d``
+ engine       ``fc``, ``norm``, target ``embed_tokens`` and  ``fc``, ``norm``, target ``embed_tokens`` and
+ layout       ``lm_head`` (rows of the draft vocabulary),  ``lm_head`` (rows of the draft vocabulary),
+              ``d2t``/``t2d`` for a reduced vocabulary     ``d2t``/``t2d``
 eagle3        refused: ``in_proj``, q/k norm and any      refused (same reasons)
  native       number of feature layers have no engine
               counterpart (train with
@@ -55,12 +61,12 @@ import torch
 
 from ..config.draft import DraftConfig
 from . import mapping, schemas
-from .draft_vocab import draft_ids, engine_vocab_tensors, ids_from_engine, lm_head_rows, place, without_vocab_keys
+from .vocab_map import draft_ids, engine_vocab_tensors, ids_from_engine, lm_head_rows, place, without_vocab_keys
 from .engine_formats import ENGINE_FORMATS, ENGINE_NAMES, Plan, dtype_name, layer_config, speculators_block
-from .errors import ExportUnsupported, ImportUnsupported
+from .errors import ExportUnsupported, ImportUnsupported, refusal
 from .importers import build_and_load, check_sizes
-from .reference_eagle3 import EngineEagle3
-from .reference_math import max_abs_diff
+from .engine_eagle3 import EngineEagle3
+from .engine_math import max_abs_diff
 from .registry import Exporter, register_exporter
 from .schemas import NONNEG_INT, POS_INT, QWEN3_LAYER, speculators_common
 
@@ -142,10 +148,12 @@ class Eagle3Exporter(Exporter):
             problems.append(f"{n} target feature layers (the engines' fc takes exactly 3)")
         if int(draft.get("num_layers") or 0) != 1:
             problems.append(f"draft.num_layers={draft.get('num_layers')} (the engines' EAGLE-3 has one layer)")
-        problems += [f"{k} — {why}" for k, why in sorted(mapping.unrepresentable(state_keys).items())]
         if problems:
             raise ExportUnsupported(f"{engine} cannot hold this eagle3 draft: " + "; ".join(problems)
                                     + ". Nothing was written.")
+        unservable = mapping.unservable(state_keys, draft)
+        if unservable:
+            raise refusal(f"{engine} cannot hold this eagle3 draft", unservable)
         return Plan(fmt, algorithm)
 
     def engine_config(self, fmt, drafter, target, target_cfg, plan, dtype) -> Dict[str, Any]:
@@ -175,15 +183,21 @@ class Eagle3Exporter(Exporter):
         }
 
     def engine_weights(self, fmt, drafter, target, plan) -> Dict[str, torch.Tensor]:
-        """The EAGLE-3 layer under ``fmt``'s names, the target's LM head (its rows of the draft vocabulary)
-        and d2t / t2d (identity for the full vocabulary)."""
+        """The EAGLE-3 layer under ``fmt``'s names, the target's token embedding and LM head (its rows of the
+        draft vocabulary), and d2t / t2d where the format reads them: speculators for a reduced vocabulary
+        only (its full-vocabulary model has no such buffers), SGLang always (SpecForge's
+        ``LlamaForCausalLMEagle3`` holds both buffers, identity maps for the full vocabulary).  The embedding
+        is written because speculators' EAGLE-3 keeps whatever the checkpoint holds (it refills only NaN
+        weights from the verifier); vLLM and SGLang use it as the draft's own, equal to the target's."""
         _check_feature_order(target)
         state = {k: v for k, v in drafter.state_dict().items() if k != "draft_vocab"}
         out = mapping.to_engine(state, table=mapping.eagle3_table(fmt))
         vocab = int(target.vocab_size)
         ids = draft_ids(drafter)
+        out["embed_tokens.weight"] = target.embed_tokens.weight.detach().to("cpu").clone().contiguous()
         out["lm_head.weight"] = lm_head_rows(target, ids)
-        out.update(engine_vocab_tensors(torch.arange(vocab) if ids is None else ids, vocab))
+        if ids is not None or fmt == "sglang":
+            out.update(engine_vocab_tensors(torch.arange(vocab) if ids is None else ids, vocab))
         return out
 
     # -- import ------------------------------------------------------------------------------------------
@@ -238,7 +252,7 @@ class Eagle3Exporter(Exporter):
     # -- self-check ----------------------------------------------------------------------------------------
     def compare(self, out, fmt, original, reimported, batch, target, nothing_dropped):
         """Teacher-forced step logits of the re-import vs the trained draft's, and (engine formats) the
-        independent engine forward (`deepspec.export.reference_eagle3`) on the written files vs the re-import.
+        independent engine forward (`deepspec.export.engine_eagle3`) on the written files vs the re-import.
 
         Engine formats do not carry our TTT padding token, so only chain steps inside the probe are compared."""
         new = reimported.step_logits(batch)
@@ -261,7 +275,7 @@ class Eagle3Exporter(Exporter):
             steps = min(S, T - 1 - r)
             ref = eng.chain_logits(batch["features"][0], batch["input_ids"][0], r, steps, embed)
             diffs.append(max_abs_diff(ref, place(new_s[0, :steps, r], ids, int(target.vocab_size))))
-        got["reference_max_abs_diff"] = max(diffs)
+        got["engine_max_abs_diff"] = max(diffs)
         return got, new
 
     # -- model card ----------------------------------------------------------------------------------------

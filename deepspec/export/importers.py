@@ -46,7 +46,7 @@ def rope_theta(layer: Dict[str, Any]) -> float:
 
 def check_sizes(where: str, layer: Dict[str, Any], target, our_layer_ids) -> None:
     """Layer ids, vocabulary and width of an engine draft against ``target`` (ImportUnsupported if off).
-    A reduced draft vocabulary (``draft_vocab_size`` / ``d2t``) is `deepspec.export.draft_vocab.ids_from_engine`'s."""
+    A reduced draft vocabulary (``draft_vocab_size`` / ``d2t``) is `deepspec.export.vocab_map.ids_from_engine`'s."""
     if list(our_layer_ids) != list(target.layer_ids):
         raise ImportUnsupported(f"{where}: the draft reads target layers {list(our_layer_ids)} (deepspec convention: "
                                 f"decoder-layer outputs) but the target is configured with {list(target.layer_ids)}; "

@@ -24,20 +24,17 @@ accepts ``midlayer.``) and ``midlayer.*`` in SGLang (`models/llama_eagle3.py`
 that layer's ``input_layernorm`` / ``hidden_norm``.  ``lm_head.weight``, ``d2t`` and ``t2d``
 come from the target and are added by `deepspec.export.eagle3`.
 
-Not representable (no engine counterpart; the exporters' `analyze` refuses them with a reason):
-``in_proj`` / ``out_proj`` (draft width ≠ target width: the engines feed the target's
-embedding straight into draft layers and the draft's hidden straight into the target's
-LM head) and ``conf_head.w1`` (a confidence head that owns its own token embedding
-because there is no sequential head; the engines' confidence head either reads the
-Markov embedding or none), and ``anchor_proj`` (the ``draft.anchor_feature`` ablation, which
-adds the latest target feature to every block input; the engines' parallel drafters see
-the target's features only as extra keys/values).
+Not representable (no engine counterpart): `UNSERVABLE` lists each of our parameters the
+engines have no place for with the draft setting that creates it and the one to retrain with
+(``in_proj`` / ``out_proj``: ``draft.hidden_size`` or ``draft.embed_proj``; ``anchor_proj``:
+``draft.anchor_feature``; ``head.w1_proj``: ``draft.head_embedding=target``; ...); the
+exporters' `analyze` refuses such drafts naming those settings.
 """
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -98,20 +95,49 @@ def eagle3_table(fmt: str) -> Tuple[Rule, ...]:
     return tuple(Rule(r.ours, r.engine.replace("{mid}", mid)) for r in _EAGLE3_RULES)
 
 
-# Our keys that have no engine counterpart, with the reason (used in error messages).
-UNREPRESENTABLE = {
-    r"in_proj\.weight": "an input projection (draft hidden_size != target hidden_size, or the draft.embed_proj "
-                        "ablation): the engines feed the target's token embedding straight into the draft layers",
-    r"out_proj\.weight": "an output projection (draft hidden_size != target hidden_size): the engines apply the "
-                         "target's LM head straight to the draft's hidden state",
-    r"anchor_proj\..+": "the anchor-feature ablation (draft.anchor_feature=true): the engines' drafters see the "
-                        "target's features only as extra keys/values",
-    r"head\.w1_proj\.weight": "a factored sequential-head embedding (draft.head_embedding=target): the engines' "
-                              "Markov head reads its own token-embedding table",
-    r"conf_head\.w1\.weight": "a confidence head with its own token embedding (there is no sequential head to "
-                              "share one with): the engines' confidence head reads the Markov head's embedding "
-                              "or the hidden state alone",
-}
+def _width(draft: Dict) -> Tuple[str, str]:
+    if draft.get("hidden_size") is not None:
+        return f"draft.hidden_size={draft['hidden_size']}", "draft.hidden_size=null"
+    return "draft.embed_proj=true", "draft.embed_proj=false"
+
+
+def _setting(key: str, value: str, servable: str):
+    return lambda draft: (f"draft.{key}={value}", f"draft.{key}={servable}")
+
+
+@dataclass(frozen=True)
+class Unservable:
+    """Our keys (regex) that no engine holds: the draft setting that creates them, the one that avoids them, why."""
+    keys: str
+    option: Callable[[Dict], Tuple[str, str]]
+    why: str
+
+
+# What the engines cannot hold (the exporters' `analyze` refuses it, naming the option to retrain with).
+UNSERVABLE: Tuple[Unservable, ...] = (
+    Unservable(r"in_proj\.weight", _width, "an input projection: the engines feed the target's token embedding "
+               "straight into the draft layers"),
+    Unservable(r"out_proj\.weight", _width, "an output projection: the engines apply the target's LM head "
+               "straight to the draft's hidden state"),
+    Unservable(r"anchor_proj\..+", _setting("anchor_feature", "true", "false"),
+               "the anchor-feature ablation: the engines' drafters see the target's features only as extra keys/values"),
+    Unservable(r"head\.w1_proj\.weight", _setting("head_embedding", "target", "table"),
+               "a factored sequential-head embedding: the engines' Markov head reads its own token-embedding table"),
+    Unservable(r"conf_head\.w1\.weight", lambda d: ("draft.confidence_head=true with draft.sequential_head=none",
+                                                   "draft.confidence_head=false"),
+               "a confidence head with its own token embedding: the engines' confidence head reads the Markov "
+               "head's embedding or the hidden state alone"),
+)
+
+
+def unservable(keys, draft: Dict) -> List[Tuple[str, str, str]]:
+    """(the draft setting, the setting to retrain with, why) for each part of our keys no engine holds."""
+    out: Dict[str, Tuple[str, str, str]] = {}
+    for rule in UNSERVABLE:
+        if any(re.fullmatch(rule.keys, k) for k in keys):
+            cause, fix = rule.option(draft)
+            out.setdefault(cause, (cause, fix, rule.why))
+    return list(out.values())
 
 
 def _compile(template: str) -> "re.Pattern[str]":
@@ -128,16 +154,6 @@ def _match(key: str, table) -> Optional[Tuple[Rule, Optional[str]]]:
         if m:
             return rule, m.groupdict().get("i")
     return None
-
-
-def unrepresentable(keys) -> Dict[str, str]:
-    """Our keys the engines cannot hold → why."""
-    out = {}
-    for k in keys:
-        for pat, why in UNREPRESENTABLE.items():
-            if re.fullmatch(pat, k):
-                out[k] = why
-    return out
 
 
 def _compiled(table, side: str):

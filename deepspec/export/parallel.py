@@ -1,49 +1,39 @@
 """The parallel drafter (DFlash / DSpark, `deepspec.drafts.parallel`) in vLLM's speculators format and SGLang's.
 
-What each engine can run (sources in docs/export.md):
+What each format holds (sources in docs/export.md; schemas in `deepspec.export.parallel_schemas`):
 
 ============  =========================================  ==========================================
-ours          vLLM (speculators ``dspark``)               SGLang (``Qwen3DSparkModel``)
+ours          vllm: speculators ``dspark``                sglang: ``DSparkDraftModel`` (SGLang and
+                                                          SpecForge read it)
 ============  =========================================  ==========================================
-dflash        backbone, ``markov_rank=0``                 refused: SGLang's DSpark needs
-                                                          ``markov_rank > 0`` and its DFlash reads
-                                                          block slots one position later
+dflash        backbone, ``markov_rank=0``                 backbone + a rank-1 Markov head of zeros
+                                                          (SGLang's DSpark needs ``markov_rank > 0``;
+                                                          its bias is exactly 0)
 dspark        backbone + Markov (``vanilla``) +           backbone + Markov (``vanilla`` / ``rnn``)
  markov       confidence head (kept, unused by vLLM)      + confidence head
-dspark rnn    refused (vLLM serves ``vanilla`` only);     yes
-              ``--allow-drop-heads`` → backbone only
-conf head     refused: no way to carry its own W1;        refused (no Markov head)
- w/o seq head ``--allow-drop-heads`` → backbone only
-draft.vocab_  ``draft_vocab_size = N``, ``d2t`` / ``t2d``,   refused: SGLang's DSpark scores with the
- size = N     target ``lm_head`` rows, ``markov_w2`` [N, r]  target's full head, reads no ``d2t``
+dspark rnn    backbone + ``rnn`` head: speculators         yes (SGLang's ``RNNHead``)
+              computes it; vLLM 0.34 serves ``vanilla``
+              only (note in the model card)
+conf head     refused (``draft.confidence_head=true``     refused (same)
+ w/o seq head with ``draft.sequential_head=none`` owns a
+              token embedding); ``--allow-drop-heads``
+              → backbone only
+draft.vocab_  ``draft_vocab_size = N``, ``d2t`` / ``t2d``,   one more Markov rank dimension: 1 in
+ size = N     target ``lm_head`` rows, ``markov_w2`` [N, r]  ``markov_w1``, 0 / −2¹⁴ in ``markov_w2``
+                                                          on / off the draft vocabulary
+                                                          (`deepspec.export.vocab_rank`)
 ============  =========================================  ==========================================
+
+Refusals name the draft settings at fault and the ones to retrain with
+(`deepspec.export.mapping.UNSERVABLE`, and a mask token that is a stop token or an ordinary
+token: `deepspec.targets.mask_token`).
 
 Block convention: our block anchored at p is ``[x_p, MASK×(γ−1)]`` at positions
 p..p+γ−1, sees target features of positions < p, and slot k predicts x_{p+k+1}
 (every slot trained).  That is speculators' ``sample_from_anchor=True`` (the DSpark
-default) and exactly the convention SGLang's ``models/dspark.py`` is written for
-("DeepSpec trains block slot k to predict anchor+k+1"); the DFlash runtimes of both
-engines instead read slot k as a prediction of x_{p+k} (slot 0 = bonus token), which is
-why even our head-less "dflash" is written as a DSpark config with the Markov head off.
-
-Config schemas, written from the engines' loaders:
-
-* ``SPECULATORS_DSPARK`` — the speculators format read by vLLM
-  (`vllm/transformers_utils/configs/speculators/base.py`: ``validate_speculators_config``
-  requires ``speculators_config.proposal_methods[0].speculative_tokens``,
-  ``speculators_config.verifier.name_or_path``, ``speculators_model_type`` and a dict
-  ``transformer_layer_config``; ``algos.py`` ``update_dflash`` / ``update_dspark`` require
-  ``aux_hidden_state_layer_ids`` and ``mask_token_id`` and read ``draft_vocab_size``,
-  ``target_hidden_size``, ``markov_rank``, ``markov_head_type``, ``sample_from_anchor``);
-  field names and types as declared by speculators
-  (`src/speculators/models/dflash/config.py`, `src/speculators/models/dspark/config.py`).
-* ``SGLANG_DSPARK`` — SGLang's DSpark draft (`python/sglang/srt/models/dspark.py`,
-  `speculative/dspark_components/dspark_config.py`, `speculative/dflash_utils.py`
-  ``parse_dflash_draft_config``): a flat Qwen3-style HF config with ``dflash_config``
-  {``block_size``, ``mask_token_id``, ``target_layer_ids``}, ``num_target_layers``,
-  ``markov_rank`` (> 0), ``markov_head_type``, ``enable_confidence_head``,
-  ``confidence_head_with_markov``; ``speculators_model_type`` must be absent (SGLang
-  refuses speculators-convention DSpark checkpoints).
+default) and the convention of SGLang's DSpark (``sample_from_anchor`` defaults to true);
+the DFlash runtimes of the engines instead read slot k as a prediction of x_{p+k} (slot 0 =
+bonus token), which is why even our head-less "dflash" is written as a DSpark draft.
 """
 from __future__ import annotations
 
@@ -55,54 +45,24 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from ..config.draft import DraftConfig
+from ..targets.mask_token import mask_token_fault, suggested_mask_token, target_tokens
 from . import mapping, schemas
-from .draft_vocab import draft_ids, engine_vocab_tensors, ids_from_engine, lm_head_rows, place, without_vocab_keys
+from .common import WEIGHTS_NAME
 from .engine_formats import ENGINE_FORMATS, ENGINE_NAMES, Plan, dtype_name, layer_config, speculators_block
-from .errors import ExportUnsupported, ImportUnsupported
+from .engine_math import max_abs_diff
+from .engine_parallel import EngineDraft
+from .errors import ExportUnsupported, ImportUnsupported, Problem, refusal
 from .importers import build_and_load, check_sizes
-from .reference import EngineDraft
-from .reference_math import max_abs_diff
+from .parallel_schemas import SGLANG_DSPARK, SPECULATORS_DSPARK, sglang_problems
 from .registry import Exporter, register_exporter
-from .schemas import BOOL, INT_LIST, NONNEG_INT, POS_INT, QWEN3_LAYER, speculators_common
+from .vocab_map import (draft_ids, engine_vocab_tensors, ids_from_engine, lm_head_rows, place, read_tensors,
+                        without_vocab_keys)
+from .vocab_rank import KEYS as RANK_KEYS, VOCAB_BIAS, add_vocab_rank, mass_outside, rank_problems, split_vocab_rank
 
-SPECULATORS_DSPARK: Dict[str, Any] = {
-    "type": "object",
-    "required": ["speculators_model_type", "architectures", "speculators_config", "transformer_layer_config",
-                 "draft_vocab_size", "block_size", "aux_hidden_state_layer_ids", "mask_token_id",
-                 "markov_rank", "markov_head_type", "enable_confidence_head", "confidence_head_with_markov",
-                 "sample_from_anchor"],
-    "properties": {
-        **speculators_common("dspark", "DSparkDraftModel", QWEN3_LAYER),
-        "block_size": POS_INT,
-        "aux_hidden_state_layer_ids": INT_LIST,
-        "mask_token_id": NONNEG_INT,
-        "markov_rank": NONNEG_INT,
-        "markov_head_type": {"enum": ["vanilla", "gated", "rnn"]},
-        "enable_confidence_head": BOOL,
-        "confidence_head_with_markov": BOOL,
-        "sample_from_anchor": {"const": True},
-    },
-}
-
-SGLANG_DSPARK: Dict[str, Any] = {
-    "type": "object",
-    "required": QWEN3_LAYER["required"] + ["architectures", "dflash_config", "num_target_layers", "markov_rank",
-                                           "markov_head_type", "enable_confidence_head",
-                                           "confidence_head_with_markov"],
-    "forbidden": ["speculators_model_type"],
-    "properties": {
-        **QWEN3_LAYER["properties"],
-        "architectures": {"type": "array", "items": {"const": "Qwen3DSparkModel"}, "minItems": 1},
-        "dflash_config": {"type": "object", "required": ["block_size", "mask_token_id", "target_layer_ids"],
-                          "properties": {"block_size": POS_INT, "mask_token_id": NONNEG_INT,
-                                         "target_layer_ids": INT_LIST}},
-        "num_target_layers": POS_INT,
-        "markov_rank": POS_INT,
-        "markov_head_type": {"enum": ["vanilla", "gated", "rnn"]},
-        "enable_confidence_head": BOOL,
-        "confidence_head_with_markov": BOOL,
-    },
-}
+RNN_ON_VLLM = ("the RNN sequential head is written (speculators 0.9.0 computes it) but vLLM 0.34 serves the vanilla "
+               "Markov head only (model_executor/models/qwen3_dspark.py); serve this draft with SGLang 0.5.23 "
+               "(--to sglang), which runs RNN heads")
+_ZERO_MARKOV = ("markov_head.markov_w1.weight", "markov_head.markov_w2.weight")
 
 
 @dataclass
@@ -111,10 +71,13 @@ class ParallelPlan(Plan):
     seq_head: str = "none"          # none | markov | rnn  (what is written)
     confidence: bool = False        # confidence head written
     head_rank: int = 0
+    zero_markov: bool = False       # sglang: a rank-1 Markov head of zeros stands for "no sequential head"
+    vocab_rank: bool = False        # sglang: the draft vocabulary as one more Markov rank dimension
 
     @property
     def markov_rank(self) -> int:
-        return self.head_rank if self.seq_head != "none" else 0
+        rank = self.head_rank if self.seq_head != "none" else 0
+        return rank + 1 if self.vocab_rank else 1 if self.zero_markov else rank
 
     @property
     def markov_head_type(self) -> str:
@@ -128,69 +91,59 @@ class ParallelExporter(Exporter):
     # -- export ------------------------------------------------------------------------------------------
     def analyze(self, fmt, algorithm, draft, state_keys, allow_drop_heads=False) -> ParallelPlan:
         engine = ENGINE_NAMES[fmt]
-        bad = mapping.unrepresentable(state_keys)
-        if bad:
-            raise ExportUnsupported(
-                f"{engine} cannot hold this draft: it has "
-                + "; ".join(f"{k} — {why}" for k, why in sorted(bad.items()))
-                + ". Train with draft.hidden_size unset (= the target's) to export it.")
         seq = str(draft.get("sequential_head") or "none")
         conf = bool(draft.get("confidence_head"))
         plan = ParallelPlan(fmt, algorithm, seq_head=seq, confidence=conf, head_rank=int(draft.get("head_rank") or 0))
-
-        def need_drop(parts, what_lost, why):
-            msg = f"{engine} cannot serve {what_lost}: {why}"
-            if not allow_drop_heads:
-                raise ExportUnsupported(
-                    msg + f". Exporting would lose {what_lost}; nothing was written. Pass --allow-drop-heads to "
-                    "write the parallel backbone alone (lossless decoding still holds, acceptance will be lower "
-                    "than measured in deepspec eval), or choose another format.")
-            plan.drop_parts = tuple(sorted(set(plan.drop_parts) | set(parts)))
-            plan.dropped.append(f"{what_lost} ({why})")
-
-        if fmt == "vllm":
-            if seq == "rnn":
-                need_drop(("markov", "rnn", "confidence") if conf else ("markov", "rnn"),
-                          "the RNN sequential head" + (" and the confidence head that reads its embedding"
-                                                       if conf else ""),
-                          "vLLM's speculators `dspark` config updater documents only markov_head_type='vanilla' "
-                          "at inference (use --to sglang, which runs RNN heads)")
-                plan.seq_head, plan.confidence = "none", False
-            elif seq == "none" and conf:
-                need_drop(("confidence",), "the confidence head",
-                          "it owns a token embedding of its own (no sequential head), which the speculators "
-                          "ConfidenceHead has no place for")
-                plan.confidence = False
-            if plan.confidence:
-                plan.warnings.append("the confidence head is written (speculators carries it) but vLLM does not use "
-                                     "it at inference; confidence-scheduled verification needs deepspec's own engine")
-        else:
-            if draft.get("vocab_size") is not None:
-                raise ExportUnsupported(
-                    f"SGLang cannot serve this draft: it scores a reduced draft vocabulary (draft.vocab_size="
-                    f"{draft['vocab_size']}), and SGLang's DSpark model (models/dspark.py) has no place for one — it "
-                    "computes the base logits with the target's full LM head (the checkpoint's lm_head.* is "
-                    "skipped), builds markov_w2 over the full vocab_size and reads no d2t. Nothing was written; use "
-                    "--to vllm (the speculators format carries d2t/t2d) or train with draft.vocab_size=null.")
-            if seq == "none":
-                raise ExportUnsupported(
-                    "SGLang cannot serve this draft: it has no sequential head, and SGLang's DSpark model "
-                    "(models/dspark.py) requires markov_rank > 0 while SGLang's DFlash runtime reads block slot k "
-                    "as a prediction of token anchor+k (slot 0 = bonus token) — our drafter's slot k predicts "
-                    "anchor+k+1, so every proposal would be one position off. Nothing was written; use --to vllm "
-                    "(speculators dspark with the Markov head off) or --to hf.")
-            if not conf:
-                plan.warnings.append("this draft has no confidence head; SGLang's DSpark loader builds one unless "
-                                     "its ragged-verify mode is static (models/dspark.py build_confidence_head), so "
-                                     "serve it in that mode")
+        problems = mapping.unservable(state_keys, draft)
+        own_w1 = [p for p in problems if p[0].startswith("draft.confidence_head=true")]
+        if own_w1 and allow_drop_heads:      # the confidence head that owns a token embedding can be left out
+            problems = [p for p in problems if p not in own_w1]
+            plan.drop_parts, plan.confidence = ("confidence",), False
+            plan.dropped.append("the confidence head (it owns a token embedding of its own, which the engines' "
+                                "confidence heads have no place for)")
+        if problems:
+            err = refusal(f"{engine} cannot serve this draft", problems)
+            if own_w1 and not allow_drop_heads:
+                err.args = (err.args[0] + " Or pass --allow-drop-heads to write it without its confidence head "
+                            "(lossless decoding still holds, acceptance will be lower than measured).",)
+            raise err
+        if fmt == "vllm" and plan.seq_head == "rnn":
+            plan.warnings.append(RNN_ON_VLLM)
+        if fmt == "vllm" and plan.confidence:
+            plan.warnings.append("the confidence head is written (speculators carries it) but vLLM does not use it "
+                                 "at inference; confidence-scheduled verification needs deepspec's own engine")
+        if fmt == "sglang" and draft.get("vocab_size") is not None:
+            plan.vocab_rank = True
+            plan.warnings.append(f"the draft vocabulary ({draft['vocab_size']} tokens) is written as one more Markov "
+                                 f"rank dimension (markov_rank {plan.markov_rank}): SGLang's DSpark scores every "
+                                 f"target token and adds {VOCAB_BIAS:g} to the logits of the tokens outside it, whose "
+                                 "probability is then exactly 0")
+        elif fmt == "sglang" and plan.seq_head == "none":
+            plan.zero_markov = True
+            plan.warnings.append("no sequential head: written with a rank-1 Markov head of zeros (SGLang's DSpark "
+                                 "requires markov_rank > 0; the bias it adds is exactly 0)")
+        if fmt == "sglang" and not plan.confidence:
+            plan.warnings.append("this draft has no confidence head; SGLang's DSpark loader builds one unless its "
+                                 "ragged-verify mode is static (models/dspark.py build_confidence_head), so serve it "
+                                 "in that mode")
         return plan
+
+    def target_problems(self, fmt, mask_token_id, target) -> List[Problem]:
+        """A mask token the engines cannot serve: a stop token (they stop a block at it) or an ordinary token."""
+        inventory, rows, stops = target_tokens(target)
+        fault = mask_token_fault(inventory, int(mask_token_id), rows, stops)
+        if fault is None:
+            return []
+        best = suggested_mask_token(inventory, rows, stops)
+        fix = f"draft.mask_token_id={best}" if best is not None else "draft.mask_token_id=<an id never in text>"
+        return [(f"draft.mask_token_id={int(mask_token_id)}", fix, f"the mask token is {fault}")]
 
     def engine_config(self, fmt, drafter, target, target_cfg, plan: ParallelPlan, dtype) -> Dict[str, Any]:
         g = int(drafter.cfg.gamma)
         heads = {"markov_rank": plan.markov_rank, "markov_head_type": plan.markov_head_type,
                  "enable_confidence_head": plan.confidence,
-                 "confidence_head_with_markov": plan.confidence and plan.seq_head != "none",
-                 "torch_dtype": dtype_name(dtype), "dtype": dtype_name(dtype)}
+                 "confidence_head_with_markov": plan.confidence and plan.seq_head != "none"}
+        dt = {"torch_dtype": dtype_name(dtype), "dtype": dtype_name(dtype)}
         layer = layer_config(drafter, target)
         if fmt == "vllm":
             return {
@@ -207,25 +160,35 @@ class ParallelExporter(Exporter):
                 "mask_token_id": int(drafter.mask_token_id),
                 "sample_from_anchor": True,
                 "sliding_window_non_causal": False,
-                **heads,
+                **heads, **dt,
             }
+        mha = layer["num_key_value_heads"] == layer["num_attention_heads"]
         return {
             **layer,
-            "architectures": ["Qwen3DSparkModel"],
+            "architectures": ["DSparkDraftModel"],
+            "block_size": g,
             "dflash_config": {"block_size": g, "mask_token_id": int(drafter.mask_token_id),
-                              "target_layer_ids": [int(i) for i in target.layer_ids]},
+                              "target_layer_ids": [int(i) for i in target.layer_ids],
+                              "attention_mode": "mha" if mha else "gqa", **heads},
             "num_target_layers": int(target.num_layers),
-            **heads,
+            "sample_from_anchor": True,
+            **heads, **dt,
         }
 
     def engine_weights(self, fmt, drafter, target, plan: ParallelPlan) -> Dict[str, torch.Tensor]:
-        """Our weights under the engine names; for a reduced draft vocabulary (vLLM only, `analyze` refuses
-        SGLang) also the target's LM-head rows ``lm_head.weight`` [N, H] and ``d2t`` / ``t2d``
-        (`deepspec.export.draft_vocab`): vLLM's DSpark/DFlash models load the draft's own head when
-        ``draft_vocab_size`` differs from the target's and map draft ids through ``d2t``."""
-        state = {k: v for k, v in drafter.state_dict().items() if k != "draft_vocab"}
+        """Our weights under the engine names.  A reduced draft vocabulary is, for vLLM, the target's LM-head
+        rows ``lm_head.weight`` [N, H] and ``d2t`` / ``t2d`` (`deepspec.export.vocab_map`: vLLM's DSpark/DFlash
+        models load the draft's own head when ``draft_vocab_size`` differs from the target's and map draft
+        ids through ``d2t``); for SGLang one more Markov rank dimension (`deepspec.export.vocab_rank`)."""
+        state = {k: v for k, v in drafter.state_dict().items() if k != "draft_vocab"
+                 and not (k.startswith("conf_head.") and "confidence" in plan.drop_parts)}
         out = mapping.to_engine(state, drop_parts=plan.drop_parts)
+        if plan.zero_markov:
+            zeros = torch.zeros(int(target.vocab_size), 1, dtype=next(iter(out.values())).dtype)
+            out.update({k: zeros.clone() for k in _ZERO_MARKOV})
         ids = draft_ids(drafter)
+        if ids is not None and plan.vocab_rank:
+            return add_vocab_rank(out, ids, int(target.vocab_size))
         if ids is not None:
             out["lm_head.weight"] = lm_head_rows(target, ids)
             out.update(engine_vocab_tensors(ids, int(target.vocab_size)))
@@ -240,13 +203,21 @@ class ParallelExporter(Exporter):
     def import_draft(self, fmt, path: Path, cfg, weights, target):
         if fmt == "sglang":
             schemas.check(cfg, "sglang_dspark")
+            bad = sglang_problems(cfg)
+            if bad:
+                raise ImportUnsupported(f"{path}: " + "; ".join(bad) + " (SGLang reads both places)")
             dc = cfg["dflash_config"]
+            ids_from_engine(str(path), None, weights, target)      # no d2t / lm_head: the target's own
+            ids, weights = split_vocab_rank(str(path), weights)     # a draft vocabulary: one more Markov rank
+            rank = int(dc["markov_rank"]) - (ids is not None)
+            if ids is None and rank == 1 and all(k in weights and not weights[k].any() for k in _ZERO_MARKOV):
+                weights = {k: v for k, v in weights.items() if k not in _ZERO_MARKOV}     # a zero head is no head
+                rank = 0
             return _build(str(path), cfg, target, our_layer_ids=[int(i) for i in dc["target_layer_ids"]],
                           block_size=dc["block_size"], mask=dc["mask_token_id"],
-                          markov_rank=int(cfg["markov_rank"]), head_type=str(cfg["markov_head_type"]),
-                          conf=bool(cfg.get("enable_confidence_head")),
-                          conf_with_markov=bool(cfg.get("confidence_head_with_markov")),
-                          vocab=cfg.get("draft_vocab_size"), weights=weights)
+                          markov_rank=rank, head_type=str(dc["markov_head_type"]),
+                          conf=bool(dc.get("enable_confidence_head")),
+                          conf_with_markov=bool(dc.get("confidence_head_with_markov")), ids=ids, weights=weights)
         kind = cfg.get("speculators_model_type")
         if not cfg.get("sample_from_anchor", kind == "dspark"):
             raise ImportUnsupported(f"{path}: sample_from_anchor is false (block slot k predicts anchor+k, slot 0 "
@@ -265,7 +236,18 @@ class ParallelExporter(Exporter):
                       head_type=str(cfg.get("markov_head_type") or "vanilla"),
                       conf=bool(cfg.get("enable_confidence_head")),
                       conf_with_markov=bool(cfg.get("confidence_head_with_markov")),
-                      vocab=cfg.get("draft_vocab_size"), weights=weights)
+                      ids=ids_from_engine(str(path), cfg.get("draft_vocab_size"), weights, target), weights=weights)
+
+    def held_vocabulary(self, fmt, path, cfg, vocab_size):
+        """SGLang: the draft vocabulary the last Markov rank dimension marks (`deepspec.export.vocab_rank`)."""
+        if fmt != "sglang":
+            return None
+        where = Path(path) / WEIGHTS_NAME
+        try:
+            weights = read_tensors(where, RANK_KEYS)
+        except Exception as e:     # reported as the finding, not raised
+            return None, [f"{where}: not a readable safetensors file ({type(e).__name__}: {e})"]
+        return rank_problems(str(where), weights)
 
     def recorded_layer_ids(self, fmt, cfg) -> Tuple[Optional[List[int]], Optional[int]]:
         if fmt == "vllm":        # vLLM ids = ours + 1
@@ -296,15 +278,21 @@ class ParallelExporter(Exporter):
             anchors = [int(a) for a in batch["anchors"][0]]
             eng_logits, eng_conf = eng.block_logits(batch["features"][0].float(), batch["input_ids"][0], anchors,
                                                     embed, lm_logits)
-            ours = place(new["logits"][0], draft_ids(reimported), int(target.vocab_size))   # the engines' −inf
-            got["reference_max_abs_diff"] = max_abs_diff(eng_logits, ours)
+            ids = draft_ids(reimported)
+            if fmt == "sglang" and ids is not None:     # every token scored; VOCAB_BIAS outside the vocabulary
+                got["engine_max_abs_diff"] = max_abs_diff(eng_logits[..., ids], new["logits"][0])
+                got["engine_mass_outside_vocab"] = mass_outside(eng_logits, ids)
+            else:                                       # the engines' −inf outside the vocabulary (d2t)
+                got["engine_max_abs_diff"] = max_abs_diff(eng_logits, place(new["logits"][0], ids,
+                                                                             int(target.vocab_size)))
             if eng_conf is not None and new["confidence"] is not None:
-                got["reference_confidence_max_abs_diff"] = max_abs_diff(eng_conf, new["confidence"][0])
+                got["engine_confidence_max_abs_diff"] = max_abs_diff(eng_conf, new["confidence"][0])
         return got, new["logits"]
 
     # -- model card ----------------------------------------------------------------------------------------
     def title(self, fmt) -> str:
-        return {"vllm": "vLLM — speculators DSpark format", "sglang": "SGLang — DSpark draft (Qwen3DSparkModel)"}[fmt]
+        return {"vllm": "vLLM — speculators DSpark format",
+                "sglang": "SGLang — DSpark draft (DSparkDraftModel; SpecForge reads it too)"}[fmt]
 
     def serve_command(self, fmt, out, verifier, gamma) -> Optional[str]:
         if fmt == "vllm":
@@ -319,6 +307,11 @@ class ParallelExporter(Exporter):
                 else ("sequential head", f"{seq} (rank {draft.get('head_rank')})"))
         return [head, ("confidence head", str(conf))]
 
+    def vocab_layout(self, fmt) -> str:
+        if fmt == "sglang":
+            return f"one more Markov rank dimension, logit bias {VOCAB_BIAS:g} outside the draft vocabulary"
+        return super().vocab_layout(fmt)
+
     def layer_ids_note(self, fmt, engine_config) -> Optional[str]:
         if fmt == "vllm":
             return (f"Engine layer ids: `aux_hidden_state_layer_ids = {engine_config.get('aux_hidden_state_layer_ids')}`"
@@ -329,12 +322,11 @@ class ParallelExporter(Exporter):
 
 
 def _build(where: str, layer: Dict[str, Any], target, *, our_layer_ids, block_size: int, mask: int,
-           markov_rank: int, head_type: str, conf: bool, conf_with_markov: bool, vocab: Optional[int],
+           markov_rank: int, head_type: str, conf: bool, conf_with_markov: bool, ids: Optional[torch.Tensor],
            weights: Dict[str, torch.Tensor]):
-    """The parallel drafter an engine DSpark/DFlash config describes, holding its weights (``vocab``: its
-    ``draft_vocab_size``, None = the target's)."""
+    """The parallel drafter an engine DSpark/DFlash config describes, holding its weights (``ids``: its
+    draft vocabulary, None = the target's)."""
     check_sizes(where, layer, target, our_layer_ids)
-    ids = ids_from_engine(where, vocab, weights, target)
     if markov_rank > 0 and head_type not in ("vanilla", "rnn"):
         raise ImportUnsupported(f"{where}: markov_head_type={head_type!r} has no deepspec equivalent "
                                 "(deepspec has markov = 'vanilla' and rnn)")

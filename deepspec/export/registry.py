@@ -36,6 +36,10 @@ class Exporter:
         ``draft``: the checkpoint's draft config, plus ``_n_feature_layers`` (the target layers it reads)."""
         raise ExportUnsupported(f"no {ENGINE_NAMES[fmt]} layout is known for draft algorithm {algorithm!r}")
 
+    def target_problems(self, fmt: str, mask_token_id: Optional[int], target) -> List[Tuple[str, str, str]]:
+        """(setting, fix, why) of what the draft's target-side choices (its mask token) break in ``fmt``."""
+        return []
+
     def engine_config(self, fmt: str, drafter, target, target_cfg, plan: Plan, dtype: torch.dtype) -> Dict[str, Any]:
         raise NotImplementedError
 
@@ -56,11 +60,18 @@ class Exporter:
         """(target layer ids in deepspec's convention, mask token id) that an exported ``cfg`` records."""
         return None, None
 
+    def held_vocabulary(self, fmt: str, path: Path, cfg: Dict[str, Any], vocab_size: int
+                        ) -> Optional[Tuple[Optional[torch.Tensor], List[str]]]:
+        """(draft vocabulary or None, problems naming file and key) an ``fmt`` export of this algorithm holds
+        in a layout of its own; None where ``draft_vocab_size`` / ``d2t`` / ``t2d`` say it
+        (`deepspec.export.vocab_map`)."""
+        return None
+
     # -- self-check ----------------------------------------------------------------------------------------
     def compare(self, out: Path, fmt: str, original, reimported, batch: Dict[str, torch.Tensor], target,
                 nothing_dropped: bool) -> Tuple[Dict[str, float], torch.Tensor]:
         """Max |difference| of logits on the probe ``batch``: ``reimport*`` keys (``reimported`` vs
-        ``original``), ``reference*`` keys (an independent engine forward on the files in ``out`` vs
+        ``original``), ``engine*`` keys (an independent engine forward on the files in ``out`` vs
         ``reimported``); and the logits whose scale sets the tolerances.  Without an exporter an
         ``hf`` export (a copy of the checkpoint's files) is not compared."""
         log.warning("draft algorithm %r has no exporter: the %s export is not self-checked",
@@ -77,6 +88,10 @@ class Exporter:
     def draft_rows(self, algorithm: str, draft: Dict[str, Any]) -> List[Tuple[str, str]]:
         """(field, value) rows of the card's draft table besides algorithm, γ, layers and mask token."""
         return [("heads", "none"), ("confidence head", "False")]
+
+    def vocab_layout(self, fmt: str) -> str:
+        """How an ``fmt`` export carries a reduced draft vocabulary, in the model card's words."""
+        return "`d2t` / `t2d`"
 
     def layer_ids_note(self, fmt: str, engine_config: Dict[str, Any]) -> Optional[str]:
         """The card's sentence on how ``engine_config`` names the target layers."""

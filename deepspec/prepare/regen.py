@@ -4,7 +4,8 @@
 
 1. ingest ``data.source`` (bad records per ``data.on_error``; skips → errors.jsonl);
 2. split by a seeded hash of the sample id; write the held-out prompts
-   (``heldout_path(cfg)``, ``{"id", "turns"}`` JSONL) — only the train side is regenerated;
+   (``heldout_path(cfg)``, ``{"id", "turns"}`` JSONL) for evaluation — every sample is
+   regenerated (training leaves the held-out ones out by the same hash);
 3. regenerate every assistant turn in order, each one conditioned on the regenerated
    history, with the configured engine (``engine.kind=hf|openai``);
 4. write ``{"id", "conversations", "meta"}`` JSONL in input order, plus
@@ -67,7 +68,7 @@ class _RankGroup:
 
 
 def regenerate(cfg, engine: Optional[Engine] = None) -> Path:
-    """Regenerate the train split of ``data`` with ``engine`` (built from ``cfg.engine`` if None).
+    """Regenerate every conversation of ``data`` with ``engine`` (built from ``cfg.engine`` if None).
 
     SIGTERM / Ctrl-C stop it with `GracefulStop` after the samples already appended (whole
     lines, fsync'd) — the chunk in flight is dropped and redone by a re-run."""
@@ -86,13 +87,16 @@ def _regenerate(cfg, engine: Optional[Engine]) -> Path:
     t0 = time.time()
     try:
         convs, stats = load_conversations(cfg.data, paths.ingest_errors if group.is_main else None)
-        train, held = split_conversations(convs, cfg.data.heldout_fraction, cfg.data.split_seed)
+        # every conversation is regenerated: the held-out side (by id hash) is what training evaluates on,
+        # teacher-forced from the cache and with the real loop from its prompts (heldout.jsonl)
+        _, held = split_conversations(convs, cfg.data.heldout_fraction, cfg.data.split_seed)
         params = SamplingParams.from_config(cfg.engine, default_seed=cfg.seed)
         if group.is_main:
             write_heldout(held, paths.heldout)
             print(stats.summary(), flush=True)
-            print(f"split: {len(train)} train (regenerated), {len(held)} held-out → {paths.heldout}", flush=True)
-        job = RegenJob(cfg, paths, train, params)
+            print(f"split: {len(convs) - len(held)} train, {len(held)} held-out (all regenerated; held-out prompts "
+                  f"→ {paths.heldout})", flush=True)
+        job = RegenJob(cfg, paths, convs, params)
         store = PartStore(paths.parts, rank=group.rank, fsync=cfg.engine.fsync)
         job.check_resumable()
         if job.already_complete():
@@ -108,16 +112,16 @@ def _regenerate(cfg, engine: Optional[Engine]) -> Path:
             job.start(store)
         group.barrier()
         done = store.load()
-        mine = [i for i in range(len(train)) if i % group.world == group.rank]
+        mine = [i for i in range(len(convs)) if i % group.world == group.rank]
         todo = [i for i in mine if not job.finished(done.get(i))]
         resumed = len(mine) - len(todo)
         if resumed and group.is_main:
             print(f"regenerate: resuming, {resumed} sample(s) already done on this rank", flush=True)
-        ran = _run_rank(cfg, engine, group, train, todo, params, store, len(mine), resumed) if todo else (0, 0, 0, 0.0)
+        ran = _run_rank(cfg, engine, group, convs, todo, params, store, len(mine), resumed) if todo else (0, 0, 0, 0.0)
         group.barrier()
         if group.is_main:
             speed = _speed(ran, group.world)
-            _report(paths, len(train), job.finish(store, speed), resumed, sum(ran[:2]), time.time() - t0, speed)
+            _report(paths, len(convs), job.finish(store, speed), resumed, sum(ran[:2]), time.time() - t0, speed)
         group.barrier()
         return paths.output
     finally:
@@ -203,14 +207,14 @@ def _speed(ran: Tuple[int, int, int, float], world: int) -> Dict[str, Any]:
 
 
 # -- assembly ------------------------------------------------------------------------------------------
-def _report(paths: RegenPaths, n_train: int, outcome: Tuple[int, int, int, int], resumed: int, ran: int,
+def _report(paths: RegenPaths, n_samples: int, outcome: Tuple[int, int, int, int], resumed: int, ran: int,
             seconds: float, speed: Optional[Dict[str, Any]] = None) -> None:
     n_ok, n_bad, n_retry, n_tok = outcome
     rate = ""
     if speed and speed.get("tokens_per_s"):
         rate = (f" ({speed['new_tokens']} generated now in {speed['seconds']:.1f}s: "
                 f"{speed['tokens_per_s']:.0f} tok/s{' on rank 0' if speed['ranks'] > 1 else ''})")
-    print(f"regenerate: {n_train} train samples: {n_ok} ok, {n_bad} failed "
+    print(f"regenerate: {n_samples} samples: {n_ok} ok, {n_bad} failed "
           f"({resumed} resumed, {ran} run now on rank 0); {n_tok} tokens{rate}; "
           f"{seconds:.1f}s → {paths.output}"
           + (f"; failures in {paths.errors}" if n_bad else "")

@@ -10,13 +10,16 @@ from pathlib import Path
 
 from ..config import DeepSpecConfig, save_config
 from ..paths import cache_dir, regen_path, run_dir
-from .build import build_cache
+from ..cache.writer import build_cache
+from ..targets.loader import check_target_source
 from .regen import regenerate
 
 log = logging.getLogger(__name__)
 
 
 def run(cfg: DeepSpecConfig) -> int:
+    if cfg.engine.kind == "hf" or not cfg.data.online:   # the target runs here: find it before writing anything
+        check_target_source(cfg.target)
     save_config(cfg, run_dir(cfg))
     regen = Path(regenerate(cfg))
     log.info("regenerated conversations: %s", regen)

@@ -34,7 +34,7 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -174,11 +174,32 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _rollback(cache, length: int) -> None:
-    """Crop a DynamicCache back to ``length`` tokens (negative crop works on old and new HF)."""
-    n = int(cache.get_seq_length()) - int(length)
-    if n > 0:
-        cache.crop(-n)
+def request_shape(B: int, tokens_per_request: int, requests: Optional[int]) -> Tuple[int, int]:
+    """[R, t] new tokens for B batch tokens: R fixed (``requests``), or t = min(tokens per request, B)."""
+    if requests:
+        return int(requests), max(1, math.ceil(B / int(requests)))
+    t = max(1, min(int(tokens_per_request), B))
+    return math.ceil(B / t), t
+
+
+def _time_steps(target, rand, shape, cache, base: int, warmup: int, repeats: int) -> List[float]:
+    """Seconds of ``repeats`` timed ``target.decode`` steps of ``shape`` new tokens (after ``warmup``), the
+    cache cropped back to ``base`` tokens after each."""
+    dev, times = target.device, []
+    for i in range(warmup + repeats):
+        ids = rand(shape)
+        _sync(dev)
+        t0 = time.perf_counter()
+        out = target.decode(ids, past_key_values=cache)
+        _sync(dev)
+        dt = time.perf_counter() - t0
+        if cache is None:
+            del out
+        else:
+            target.rollback(cache, base)     # the target's rollback: recurrent layers too
+        if i >= warmup:
+            times.append(dt)
+    return times
 
 
 def profile_sps(target, batch_sizes: Sequence[int], context_len: int = 256, repeats: int = 5,
@@ -220,32 +241,11 @@ def profile_sps(target, batch_sizes: Sequence[int], context_len: int = 256, repe
     for B in sorted({int(b) for b in batch_sizes}):
         if B < 1:
             raise ValueError(f"batch size {B} < 1")
-        if mode == "flat":
-            shape, base = (1, B), context_len
-            step_cache = cache
-        else:
-            if requests:
-                R = int(requests)
-                t = max(1, math.ceil(B / R))
-            else:
-                t = max(1, min(int(tokens_per_request), B))
-                R = math.ceil(B / t)
-            shape, base = (R, t), context_len
-            step_cache = target.decode(rand((R, context_len))).past_key_values if context_len > 0 else None
-        times = []
-        for i in range(warmup + repeats):
-            ids = rand(shape)
-            _sync(dev)
-            t0 = time.perf_counter()
-            out = target.decode(ids, past_key_values=step_cache)
-            _sync(dev)
-            dt = time.perf_counter() - t0
-            if step_cache is None:
-                del out
-            else:
-                _rollback(step_cache, base)
-            if i >= warmup:
-                times.append(dt)
+        shape = (1, B) if mode == "flat" else request_shape(B, tokens_per_request, requests)
+        step_cache = cache
+        if mode != "flat":
+            step_cache = target.decode(rand((shape[0], context_len))).past_key_values if context_len > 0 else None
+        times = _time_steps(target, rand, shape, step_cache, context_len, warmup, repeats)
         med = statistics.median(times)
         measured_b.append(shape[0] * shape[1])
         sps.append(1.0 / med)

@@ -5,7 +5,7 @@
 
 Writes ``{run_dir}/sps/sps_table.json`` (or ``sps_grid.json``) with the resolved config beside
 it, and prints the measured step times.  Point ``schedule.sps_table=`` at the file to schedule
-with it (eval, `bench/schedule_gain.py --sps-table`), on this machine or elsewhere.
+with it (eval, `bench/decode_cost.py schedule --sps-table`), on this machine or elsewhere.
 """
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ rounds as samples of its per-round behaviour.  Rounds logged with a truncated dr
 
 ``on_step`` (optional) is called once per step with a `SimStep` (the slots' traces and round
 positions, ℓ_r, logged and kept counts, B) after the policy chose and before the replay
-advances; bench/verify_batched.py uses it to run the real target forward of the same replay.
+advances; `bench/decode_cost.py batched` uses it to run the real target forward of the same replay.
 It does not change the result.
 
 Reported per run: system tokens/s, per-user tokens/s (= system / R: all slots stay busy),

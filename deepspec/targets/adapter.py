@@ -17,6 +17,8 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
+from . import recurrent
+from .architecture import TargetUnsupported, architecture
 from .attention import cache_kwarg, offset_causal, supported as attention_supported, tree_causal
 from .chat import ChatEncoding, encode_chat
 
@@ -65,7 +67,21 @@ class _LayerRecorder:
         return fn
 
     def features(self) -> torch.Tensor:
-        return torch.cat([self.outputs[i] for i in self.layer_ids], dim=-1)
+        """The configured layers' outputs concatenated, on the device of the first (a target placed over several
+        devices with ``target.device_map`` leaves them where each layer ran)."""
+        first = self.outputs[self.layer_ids[0]].device
+        return torch.cat([self.outputs[i].to(first) for i in self.layer_ids], dim=-1)
+
+
+def _check_rolling(cache) -> None:
+    """A rolling sliding-window cache (transformers' ``DynamicCache(config=...)``) that already dropped
+    positions cannot be cropped back exactly: refuse it (the adapter's own caches keep every position)."""
+    for i, layer in enumerate(getattr(cache, "layers", ())):
+        window = getattr(layer, "sliding_window", None)
+        if getattr(layer, "is_sliding", False) and window and not getattr(layer, "record_past", False) \
+                and layer.get_seq_length() >= window:
+            raise TargetUnsupported(f"cannot roll back layer {i} of this cache: its sliding window of {window} "
+                                    "already dropped older positions (decode with TargetAdapter.new_cache())")
 
 
 def _text_config(config):
@@ -94,6 +110,11 @@ class TargetAdapter:
         self.layer_ids = ids
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.softcap = getattr(self.config, "final_logit_softcapping", None)
+        # layer kinds, window, sinks, experts: what verification can do with this model (`architecture`)
+        self.arch = architecture(model)
+        for cfg in {id(model.config): model.config, id(self.config): self.config}.values():
+            if getattr(cfg, "output_router_logits", False):     # MoE routers: only a training loss reads them
+                cfg.output_router_logits = False
         self._fingerprint: Optional[Dict[str, str]] = None
         # Single-sequence decode through causal attention kernels without mask tensors
         # (`targets/attention.py`): None = on CUDA, True/False to force.
@@ -221,13 +242,21 @@ class TargetAdapter:
         one = input_ids.shape[0] == 1 and self._use_offset_causal()
         if one and attention_mask is None:
             ctx = offset_causal(self.model)
-        elif one and attention_mask is not None and attention_mask.dim() == 4:   # a draft tree
+        elif one and isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 4:   # a draft tree
             ctx = tree_causal(self.model)
         else:
             ctx = nullcontext()
+        rec_state = recurrent.is_recurrent(past_key_values)
+        if self.arch.recurrent and not rec_state:
+            raise TargetUnsupported(f"target {self.name}: its recurrent layers need a cache from "
+                                    "TargetAdapter.new_cache() (one that records their states)")
+        if rec_state:
+            recurrent.before_forward(past_key_values, int(input_ids.shape[1]))
         with self._record_layers() as rec, ctx:
             out = self.decoder(input_ids=input_ids.to(self.device), attention_mask=attention_mask,
                                use_cache=True, **kw)
+        if rec_state:
+            recurrent.after_forward(past_key_values)
         last = out.last_hidden_state
         return DecodeOutput(logits=self.logits_from_hidden(last), features=rec.features(),
                             last_hidden=last, past_key_values=past_key_values)
@@ -242,9 +271,11 @@ class TargetAdapter:
                 log.info("target %s: stock attention for decoding (sliding window, soft-cap or not sdpa)", self.name)
         return self._offset_ok
 
-    @staticmethod
-    def new_cache():
-        """A KV cache that keeps every position (sliding-window layers included), so it can roll back."""
+    def new_cache(self):
+        """A KV cache that can roll back: attention layers keep every position (sliding-window layers
+        included; the window is in the mask), recurrent layers record per-token states (`recurrent`)."""
+        if self.arch.recurrent:
+            return recurrent.new_cache(self.model.config, self.arch.layer_types)
         return DynamicCache()
 
     @staticmethod
@@ -254,10 +285,13 @@ class TargetAdapter:
     @staticmethod
     def rollback(cache, length: int) -> None:
         """Truncate a KV cache to its first ``length`` positions (rejected draft tokens)."""
+        if recurrent.is_recurrent(cache):
+            return recurrent.rollback(cache, length)
         cur = int(cache.get_seq_length())
         if length > cur or length < 0:
             raise ValueError(f"cannot roll a cache of {cur} positions back to {length}")
         if length < cur:
+            _check_rolling(cache)
             cache.crop(length - cur)
 
     @staticmethod
@@ -265,6 +299,8 @@ class TargetAdapter:
     def keep_positions(cache, start: int, keep: torch.Tensor) -> None:
         """Keep the cache's first ``start`` positions and then positions ``start + keep`` (ascending):
         the verified path of a draft tree; the other tree nodes are dropped."""
+        if recurrent.is_recurrent(cache):
+            raise TargetUnsupported("keep_positions: a cache with recurrent layers keeps one sequence, not a tree")
         keep = torch.as_tensor(keep, dtype=torch.long).reshape(-1)
         cur = int(cache.get_seq_length())
         if keep.numel() and (int(keep.min()) < 0 or start + int(keep.max()) >= cur):
@@ -316,4 +352,4 @@ class TargetAdapter:
         return {"name": self.name, "model_type": self.config.model_type, "num_layers": self.num_layers,
                 "hidden_size": self.hidden_size, "vocab_size": self.vocab_size,
                 "layer_ids": list(self.layer_ids), "index_convention": INDEX_CONVENTION,
-                **self.fingerprint()}
+                "architecture": self.arch.describe(), **self.fingerprint()}

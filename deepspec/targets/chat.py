@@ -27,10 +27,38 @@ class ChatEncoding:
     spans: List[Tuple[int, int]] = field(default_factory=list)  # assistant char spans
 
 
+# `target.chat_template=plain`: a plain-text transcript for base models that ship no chat template.
+# Each turn is a Markdown-style heading line and the text; a turn ends with a blank line (the
+# assistant's end-of-turn text, trained with its content).  The generation prompt is the assistant
+# heading, so the answer starts on a fresh line (no word-initial space to split between prompt and answer).
+PLAIN_TEMPLATE = (
+    "{{ bos_token or '' }}{% for m in messages %}"
+    "{{ '### ' + {'system': 'System', 'user': 'User', 'assistant': 'Assistant'}[m['role']] + ':\n' }}"
+    "{{ m['content'] + '\n\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '### Assistant:\n' }}{% endif %}"
+)
+BUILTIN_TEMPLATES = {"plain": PLAIN_TEMPLATE}
+
+
+def resolve_template(value: Optional[str]) -> Optional[str]:
+    """``target.chat_template``: None = the tokenizer's own; a built-in name (``plain``); or a Jinja file."""
+    if value is None:
+        return None
+    if value in BUILTIN_TEMPLATES:
+        return BUILTIN_TEMPLATES[value]
+    from pathlib import Path
+    p = Path(value)
+    if not p.is_file():
+        raise ChatTemplateError(f"target.chat_template={value!r}: not a built-in template "
+                                f"({', '.join(BUILTIN_TEMPLATES)}) nor a Jinja file")
+    return p.read_text(encoding="utf-8")
+
+
 def render(tokenizer, messages: Sequence[Dict[str, str]], add_generation_prompt: bool = False,
            **kwargs) -> str:
     if not getattr(tokenizer, "chat_template", None):
-        raise ChatTemplateError(f"tokenizer {getattr(tokenizer, 'name_or_path', '?')} has no chat template")
+        raise ChatTemplateError(f"tokenizer {getattr(tokenizer, 'name_or_path', '?')} has no chat template "
+                                "(a base model?): set target.chat_template=plain or a Jinja file")
     try:
         return tokenizer.apply_chat_template(list(messages), tokenize=False,
                                              add_generation_prompt=add_generation_prompt, **kwargs)

@@ -5,10 +5,12 @@ import logging
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from ..config import TargetConfig
 from .adapter import TargetAdapter
+from .chat import resolve_template
+from .load_errors import explain
 from .reference import fetch_reference
 from .tiny import build_tiny, parse_tiny_spec
 
@@ -39,6 +41,40 @@ def _template_kwargs(cfg: TargetConfig) -> dict:
     return kw
 
 
+def check_target_source(cfg: TargetConfig) -> None:
+    """Fail early, in one line (`TargetLoadError`), when ``target.path`` cannot be found: its config is read
+    (a few KB, from the local directory or the hub cache) before any stage writes or loads anything."""
+    if parse_tiny_spec(cfg.path) is not None or cfg.path.startswith("reference:"):
+        return
+    path, kw = cfg.path, dict(trust_remote_code=cfg.trust_remote_code)
+    if path.endswith(".gguf"):
+        if not Path(path).expanduser().is_file():
+            raise explain(FileNotFoundError(path), cfg.path, "GGUF file")
+        return
+    if cfg.gguf_file:
+        kw["gguf_file"] = cfg.gguf_file
+    try:
+        AutoConfig.from_pretrained(path, **kw)
+    except (OSError, ValueError) as e:
+        raise explain(e, cfg.path, "model") from e
+
+
+def _attention_choice(name, path: str, kw: dict):
+    """``target.attn_implementation``, except that ``sdpa`` (the default) falls back to the model's own
+    choice for architectures transformers runs without sdpa (gpt-oss: attention sinks)."""
+    if name != "sdpa":
+        return name
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+    try:
+        cls = MODEL_FOR_CAUSAL_LM_MAPPING[type(AutoConfig.from_pretrained(path, **kw))]
+    except (KeyError, OSError, ValueError):
+        return name          # let from_pretrained report what is wrong with the model
+    if getattr(cls, "_supports_sdpa", True):
+        return name
+    log.info("target %s: %s has no sdpa attention; using its default", path, cls.__name__)
+    return None
+
+
 def load_target(cfg: TargetConfig, device: str | None = None) -> TargetAdapter:
     dev = resolve_device(device or cfg.device)
     dtype = resolve_dtype(cfg.dtype, dev)
@@ -46,6 +82,8 @@ def load_target(cfg: TargetConfig, device: str | None = None) -> TargetAdapter:
         log.warning("target.trust_remote_code=true: code shipped with %s will be executed", cfg.path)
     tiny = parse_tiny_spec(cfg.path)
     if tiny is not None:
+        if cfg.device_map:
+            raise ValueError(f"target.device_map={cfg.device_map!r}: a tiny target is built in memory; leave it null")
         model, tok = build_tiny(**tiny)
         model = model.to(dtype)
     else:
@@ -59,11 +97,24 @@ def load_target(cfg: TargetConfig, device: str | None = None) -> TargetAdapter:
         kw = dict(trust_remote_code=cfg.trust_remote_code)
         if gguf:
             kw["gguf_file"] = gguf
-        tok = AutoTokenizer.from_pretrained(path, **kw)
+        try:
+            tok = AutoTokenizer.from_pretrained(path, **kw)
+        except (OSError, ValueError) as e:
+            raise explain(e, cfg.path, "tokenizer") from e
         mkw = dict(kw, dtype=dtype)
-        if cfg.attn_implementation:
-            mkw["attn_implementation"] = cfg.attn_implementation
-        model = AutoModelForCausalLM.from_pretrained(path, **mkw)
-    model = model.to(dev)
+        attn = _attention_choice(cfg.attn_implementation, path, kw)
+        if attn:
+            mkw["attn_implementation"] = attn
+        if cfg.device_map:
+            mkw["device_map"] = cfg.device_map     # accelerate places the layers (and the tied head)
+        try:
+            model = AutoModelForCausalLM.from_pretrained(path, **mkw)
+        except (OSError, ValueError) as e:
+            raise explain(e, cfg.path, "model") from e
+    template = resolve_template(cfg.chat_template)
+    if template is not None:
+        tok.chat_template = template
+    if not cfg.device_map:
+        model = model.to(dev)
     return TargetAdapter(model, tok, layer_ids=cfg.layer_ids, num_feature_layers=cfg.num_feature_layers,
                          name=cfg.name, chat_template_kwargs=_template_kwargs(cfg))

@@ -23,13 +23,14 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from deepspec.cache.manifest import layer_positions
+from deepspec.data.split import is_heldout
 from deepspec.targets.chat import ChatTemplateError
 
 from .anchors import anchor_seed, sample_anchors
 
 log = logging.getLogger(__name__)
 
-_HELDOUT_SALT = 0x4E1D
 _EPOCH_SALT = 0xDA7A
 
 
@@ -41,10 +42,13 @@ class CachedSequences:
 
     has_features = True
 
-    def __init__(self, reader, max_length: Optional[int] = None):
+    def __init__(self, reader, max_length: Optional[int] = None, layer_ids: Optional[Sequence[int]] = None):
+        """``layer_ids``: a subset of the cache's layers to read (None = all of them, in cache order)."""
         self.reader = reader
         self.max_length = max_length
         self._lengths: Optional[List[int]] = None
+        pos = None if layer_ids is None else layer_positions(reader.layer_ids, layer_ids)
+        self._layers = None if pos == list(range(len(reader.layer_ids))) else pos
 
     def __len__(self) -> int:
         return len(self.reader)
@@ -57,11 +61,17 @@ class CachedSequences:
     def __getitem__(self, i: int) -> Dict[str, torch.Tensor]:
         s = self.reader[int(i)]
         n = s["input_ids"].shape[0] if not self.max_length else min(s["input_ids"].shape[0], self.max_length)
+        feats = s["features"][:n]
+        if self._layers is not None:    # [n, L·H] → the chosen layers' slices, in the drafter's order
+            feats = feats.view(n, len(self.reader.layer_ids), -1)[:, self._layers].reshape(n, -1)
         out = {"input_ids": s["input_ids"][:n].long(), "loss_mask": s["loss_mask"][:n].bool(),
-               "features": s["features"][:n], "last_hidden": s["last_hidden"][:n]}
+               "features": feats, "last_hidden": s["last_hidden"][:n]}
         if "target_lse" in s:
             out["target_lse"] = s["target_lse"][:n]
         return out
+
+    def sample_ids(self) -> List[str]:
+        return [self.reader.sample_id(i) for i in range(len(self.reader))]
 
     def tokens(self, i: int) -> Dict[str, torch.Tensor]:
         """input_ids and loss_mask only (no feature decoding), cut like ``self[i]``."""
@@ -97,11 +107,9 @@ class OnlineSequences:
         self.ids = ids or [str(i) for i in range(len(samples))]
 
     @classmethod
-    def from_jsonl(cls, path, target, max_length: Optional[int] = None,
-                   crop: Optional[int] = None) -> "OnlineSequences":
+    def from_jsonl(cls, path, target, max_length: Optional[int] = None) -> "OnlineSequences":
         """Encode every conversation; like the cache builder, keep ``max_length`` (data.max_length)
-        tokens and skip conversations without assistant tokens there; then cut to ``crop``
-        (train.max_length), as `CachedSequences` does with cached samples."""
+        tokens and skip conversations without assistant tokens there."""
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"online training needs the regenerated conversations at {path} "
@@ -122,7 +130,6 @@ class OnlineSequences:
                 if n == 0 or not any(enc.loss_mask[:n]):   # nothing to learn (the cache skips these too)
                     empty += 1
                     continue
-                n = min(n, crop) if crop else n
                 samples.append((list(enc.input_ids[:n]), list(enc.loss_mask[:n])))
                 ids.append(str(rec.get("id", lineno)))
         if bad:
@@ -137,6 +144,9 @@ class OnlineSequences:
 
     def lengths(self) -> List[int]:
         return [len(s[0]) for s in self.samples]
+
+    def sample_ids(self) -> List[str]:
+        return list(self.ids)
 
     def __getitem__(self, i: int) -> Dict[str, torch.Tensor]:
         ids, mask = self.samples[int(i)]
@@ -171,16 +181,15 @@ class OnlineFeatures:
 # ---------------------------------------------------------------------------------------------
 # split and order
 # ---------------------------------------------------------------------------------------------
-def split_heldout(n: int, fraction: float, seed: int) -> Tuple[List[int], List[int]]:
-    """(train indices, held-out indices), both sorted; a seeded permutation picks the held-out set."""
+def split_heldout(sample_ids: Sequence[str], fraction: float, seed: int) -> Tuple[List[int], List[int]]:
+    """(train indices, held-out indices) of a source's samples, both sorted: the data split of
+    `deepspec.data.split` (a seeded hash of each sample id, ``data.heldout_fraction``), the same one
+    that chose the held-out prompts at regeneration."""
     if not 0.0 <= fraction < 1.0:
-        raise ValueError(f"train.heldout_fraction must be in [0, 1), got {fraction}")
-    k = int(round(n * fraction))
-    if fraction > 0 and k == 0 and n >= 2:
-        k = 1
-    perm = np.random.default_rng([int(seed) & 0xFFFFFFFF, _HELDOUT_SALT]).permutation(n)
-    held = sorted(int(i) for i in perm[:k])
-    train = sorted(int(i) for i in perm[k:])
+        raise ValueError(f"data.heldout_fraction must be in [0, 1), got {fraction}")
+    train, held = [], []
+    for i, sid in enumerate(sample_ids):
+        (held if is_heldout(sid, fraction, seed) else train).append(i)
     return train, held
 
 

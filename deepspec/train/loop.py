@@ -36,12 +36,13 @@ from deepspec.drafts import build_drafter
 from deepspec.targets import load_target
 
 from . import checkpoint as ckpt
+from .resume import find_resume_state, load_weights, restore_rng
 from .accumulate import Accumulator, metric_keys, reduce_stats
 from .data import (CachedSequences, GlobalBatchPlan, MicroBatches, OnlineFeatures, OnlineSequences,
                    build_micro_batch, check_batch_sizes, heldout_micro_batches, loader_workers, split_heldout)
 from .logging import MetricsLogger, config_as_dict, progress_postfix
 from .decode_eval import DecodeEval
-from .draft_vocab import install_draft_vocab
+from .vocab_setup import install_draft_vocab
 from .optim import lr_at
 from .precision import use_bf16
 from .stopping import (NonFiniteLossError, SignalGuard, TrainingInterrupted, ignore_sigint,
@@ -83,7 +84,7 @@ class Trainer:
         # -- data ---------------------------------------------------------------------------------
         self.online = bool(cfg.data.online)
         self.source, self.features = self._build_source()
-        self.train_idx, self.heldout_idx = split_heldout(len(self.source), tc.heldout_fraction,
+        self.train_idx, self.heldout_idx = split_heldout(self.source.sample_ids(), cfg.data.heldout_fraction,
                                                          cfg.data.split_seed)
         if self.drafter.draft_vocab is not None:
             install_draft_vocab(self.drafter, self.source, self.train_idx, self.target, self.cfg.draft.init_from,
@@ -102,7 +103,7 @@ class Trainer:
         self.step, self.consumed = 0, 0
         state = self._find_resume_state()
         if state is not None:
-            self._load_weights(state)
+            load_weights(self.drafter, state)
             self.step, self.consumed = state.step, int(state.meta["sequences_consumed"])
 
         # -- strategy (wraps the drafter, builds AdamW) ----------------------------------------
@@ -111,7 +112,7 @@ class Trainer:
         self.strategy.setup(self.drafter)
         if state is not None:
             self.strategy.load_optimizer_state(state.optimizer)
-            self._restore_rng(state)
+            restore_rng(state, self.env, self.cfg.seed)
         else:
             torch.manual_seed(cfg.seed + 1 + env.rank)
         self._shadow = None        # rank 0's full copy for saving sharded (FSDP) drafters
@@ -133,8 +134,7 @@ class Trainer:
         cfg = self.cfg
         if self.online:
             # the same samples and lengths as a cache built from this JSONL, then cut like it
-            source = OnlineSequences.from_jsonl(paths.regen_path(cfg), self.target, cfg.data.max_length,
-                                                crop=cfg.train.max_length)
+            source = OnlineSequences.from_jsonl(paths.regen_path(cfg), self.target, cfg.data.max_length)
             dtype = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "native": None,
                      "float32": torch.float32}.get(cfg.train.online_feature_dtype, "bad")
             if dtype == "bad":
@@ -150,8 +150,8 @@ class Trainer:
             if not Path(d).is_dir():
                 raise FileNotFoundError(f"cache.extra_dirs[{k}]={d}: no such cache directory")
         reader = open_caches([cache_dir, *cfg.cache.extra_dirs])
-        reader.validate(self.target)
-        return CachedSequences(reader, cfg.train.max_length), None
+        reader.validate(self.target, layer_subset=True)   # e.g. a 3-layer Eagle3 from a 5-layer cache
+        return CachedSequences(reader, cfg.data.max_length, self.target.layer_ids), None
 
 
     def _banner(self) -> str:
@@ -168,48 +168,9 @@ class Trainer:
             for p in ckpt.remove_partial(self.ckpt_root):
                 log.warning("removed an incomplete checkpoint %s (the run was killed while saving)", p)
         barrier(self.env)
-        latest = ckpt.latest_checkpoint(self.ckpt_root)
-        if latest is None:
-            return None
-        if not self.cfg.train.resume:
-            log.warning("train.resume=false: ignoring the checkpoints in %s (they may be overwritten)", self.ckpt_root)
-            return None
-        state = ckpt.load_training_state(latest)
-        meta, env, tc = state.meta, self.env, self.cfg.train
-        notes = [f"resuming from {latest} (step {state.step}, {meta['sequences_consumed']} sequences consumed)"]
-        if meta.get("world_size") != env.world_size or meta.get("strategy") != tc.strategy:
-            notes.append(f"world size {meta.get('world_size')} → {env.world_size}, strategy "
-                         f"{meta.get('strategy')} → {tc.strategy}: data position re-derived from the "
-                         f"{meta['sequences_consumed']} sequences consumed; accumulation "
-                         f"{meta.get('accumulation')} → {self.accum}")
-        if meta.get("global_batch_sequences") != tc.global_batch_sequences:
-            notes.append(f"global batch {meta.get('global_batch_sequences')} → {tc.global_batch_sequences}")
-        if meta.get("num_train_sequences") != len(self.train_idx):
-            notes.append(f"WARNING: the training split has {len(self.train_idx)} sequences but the checkpoint "
-                         f"was written with {meta.get('num_train_sequences')}: the sample order differs")
-        if meta.get("algorithm") not in (None, self.drafter.algorithm):
-            raise ValueError(f"{latest} holds a {meta.get('algorithm')} drafter but draft.algorithm="
-                             f"{self.cfg.draft.algorithm}; use another run_dir or train.resume=false")
-        self._resume_notes = notes   # logged once the run's log file is open
+        state, self._resume_notes = find_resume_state(self.ckpt_root, self.cfg, self.env, self.accum,
+                                                      len(self.train_idx), self.drafter.algorithm)
         return state
-
-    def _load_weights(self, state: ckpt.TrainingState) -> None:
-        own = {n for n, p in self.drafter.named_parameters() if p.requires_grad}
-        if set(state.weights) != own:
-            raise ValueError(f"{state.path}: checkpoint weights do not fit this drafter (missing "
-                             f"{sorted(own - set(state.weights))[:5]}, unexpected "
-                             f"{sorted(set(state.weights) - own)[:5]})")
-        with torch.no_grad():
-            for n, p in self.drafter.named_parameters():
-                if n in state.weights:
-                    p.copy_(state.weights[n].to(p.device, p.dtype))
-
-    def _restore_rng(self, state: ckpt.TrainingState) -> None:
-        same_world = state.meta.get("world_size") == self.env.world_size
-        if same_world and self.env.rank < len(state.rng):
-            ckpt.restore_rng(state.rng[self.env.rank], self.env.device)
-        else:
-            torch.manual_seed(self.cfg.seed + 1 + self.env.rank + 7919 * state.step)
 
     def _loader(self):
         tc = self.cfg.train

@@ -12,8 +12,8 @@ import torch
 
 from deepspec.cache import CacheReader
 from deepspec.cache.format import MANIFEST
-from deepspec.prepare import build_cache
-from deepspec.prepare.synthetic import write_regen_jsonl
+from deepspec.cache.writer import build_cache
+from tests.support.synthetic import write_regen_jsonl
 from deepspec.config import load_config
 from deepspec.targets import load_target
 

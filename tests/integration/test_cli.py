@@ -18,8 +18,11 @@ def _run(*args):
 def test_help_lists_every_stage():
     r = _run("--help")
     assert r.returncode == 0
-    for cmd in ("prepare", "train", "eval", "plan", "demo", "cache", "serve", "calibrate"):
+    for cmd in ("prepare", "train", "eval", "plan", "demo", "cache", "gate", "serve", "calibrate"):
         assert cmd in r.stdout
+    for cmd, sub in ((["cache", "--help"], ("verify", "info", "build", "finalize")), (["gate", "--help"], ("--codecs",))):
+        r = _run(*cmd)
+        assert r.returncode == 0 and all(s in r.stdout for s in sub), r.stdout + r.stderr
 
 
 def test_train_cfg_job_prints_resolved_config():

@@ -1,5 +1,5 @@
-"""CUDA checks (marked `cuda`; skipped cleanly without a GPU): what issue 23 made fast on one accelerator
-stays right there.
+"""CUDA checks (marked `cuda`; skipped cleanly without a GPU): the fast paths of one accelerator stay
+right there.
 
 - the eval loop is lossless under greedy decoding on CUDA (fp32, tiny targets), through the single-sequence
   causal attention (`targets/attention.py`) that decoding uses on CUDA by default, and it equals the stock
@@ -137,8 +137,8 @@ def test_short_training_run_from_the_cache_cpu_vs_cuda(tmp_path):
     """`deepspec train` from one cache on the CPU and on CUDA (workers + pinned copies there): same
     3-step loss trajectory within tolerance (fp32)."""
     from deepspec.config import load_config
-    from deepspec.prepare import build_cache
-    from deepspec.prepare.synthetic import write_regen_jsonl
+    from deepspec.cache.writer import build_cache
+    from tests.support.synthetic import write_regen_jsonl
     from deepspec.train.loop import run
     write_regen_jsonl(tmp_path / "regen.jsonl", 16, seed=3, max_words=40)
 
@@ -148,7 +148,7 @@ def test_short_training_run_from_the_cache_cpu_vs_cuda(tmp_path):
                 f"data.regen_path={tmp_path / 'regen.jsonl'}", "data.max_length=96", f"cache.dir={tmp_path / 'cache'}",
                 "train.strategy=single", "train.global_batch_sequences=4", "train.micro_batch_sequences=2",
                 "train.anchors_per_sequence=6", "train.max_steps=3", "train.save_every=0", "train.eval_every=0",
-                "train.heldout_fraction=0", "train.bf16=false", "train.max_length=80", "train.tensorboard=false"]
+                "data.heldout_fraction=0", "train.bf16=false", "train.tensorboard=false"]
     build_cache(load_config(ov(tmp_path / "prep", "cpu")), progress=False)
     losses = {}
     for device in ("cpu", "cuda"):

@@ -37,7 +37,6 @@ def test_reduced_demo_end_to_end(tmp_path, reference_target_dir, eval_data_dir):
     results = json.loads((report.parent / "results.json").read_text())
     assert set(results["benchmarks"]) == {"gsm8k", "humaneval", "mt-bench"}
     assert {b["domain"] for b in results["benchmarks"].values()} == {"math", "code", "chat"}
-    assert 1.0 <= results["overall"]["tau"] <= 8.0
     # greedy speculative decoding reproduced the target's own greedy output on every prompt
     gc = results["greedy_check"]
     assert gc["compared"] >= 3 and gc["matched"] == gc["compared"], gc   # mt-bench has 2 turns
@@ -46,6 +45,7 @@ def test_reduced_demo_end_to_end(tmp_path, reference_target_dir, eval_data_dir):
     assert "| shipped (smollm2-135m-dspark) |" in out and "| trained just now |" in out
     shipped = json.loads((report.parent.parent / "eval_shipped" / "results.json").read_text())
     assert shipped["greedy_check"]["matched"] == shipped["greedy_check"]["compared"]
+    assert shipped["overall"]["tau"] > results["overall"]["tau"]      # trained long vs 2 steps, same prompts
     # and once more with the scheduler choosing each round's verification length: still lossless
     assert "| shipped (smollm2-135m-dspark), scheduled verification |" in out
     sched = json.loads((report.parent.parent / "eval_shipped_scheduler" / "results.json").read_text())

@@ -38,9 +38,12 @@ def test_eval_random_init_greedy_report(tmp_path, eval_data_dir):
     assert res["benchmarks"]["mt-bench"]["all_turns"]["requests"] == 2
     assert res["benchmarks"]["gsm8k"]["first_turn"] is None
     assert set(res["domains"]) == {"math", "code", "chat"}
-    for b in res["benchmarks"].values():
+    rollouts = [json.loads(x) for x in (out / "rollouts.jsonl").read_text().splitlines()]
+    for name, b in res["benchmarks"].items():
         m = b["all_turns"]
-        assert 1.0 <= m["tau"] <= 4.0 and m["rounds"] >= 1 and m["speedup"] > 0
+        mine = [r for r in rollouts if r["meta"]["benchmark"] == name]   # τ is the rollouts' tokens per round
+        assert m["rounds"] == len(mine) >= 1 and m["speedup"] > 0
+        assert m["tau"] == pytest.approx(sum(r["accepted"] + 1 for r in mine) / len(mine))
         assert 0 < m["generated_tokens"] <= 12 * m["requests"]
     assert res["greedy_check"]["compared"] == 4 and res["greedy_check"]["matched"] == 4
     assert res["speed"]["spec"]["verify_s"] > 0 and res["speed"]["baseline"]["tokens_per_s"] > 0
@@ -168,7 +171,7 @@ def test_eval_tree_verification(tmp_path, eval_data_dir):
                                         ("eval.tree_width=0", "must be ≥ 1"),
                                         ("eval.decoding=chain", "eval.decoding=chain verifies chains"),
                                         ("draft.algorithm=target_as_draft", "target_as_draft drafter drafts chains only"),
-                                        ("target.path=tiny:gemma3", "sliding-window")]):
+                                        ("target.path=tiny:qwen3_next", "linear_attention layers carry a recurrent")]):
         with pytest.raises(ConfigError, match=match):
             run(_cfg(tmp_path / f"bad{i}", eval_data_dir, "eval.tree_nodes=6", extra))
 
@@ -200,7 +203,6 @@ def test_eval_draft_dtype_bf16_stays_lossless(tmp_path, eval_data_dir, draft, ex
     res = json.loads((tmp_path / "eval" / "results.json").read_text())
     assert res["drafter"]["dtype"] == "bfloat16" and res["drafter"]["algorithm"] == draft
     assert res["greedy_check"]["compared"] == 4 and res["greedy_check"]["matched"] == 4
-    assert res["overall"]["tau"] >= 1.0
 
 
 def test_eval_draft_dtype_refuses_unknown_names(tmp_path, eval_data_dir):

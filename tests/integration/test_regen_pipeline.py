@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from deepspec.data.split import is_heldout
 
 from deepspec.config import load_config
 from deepspec.engines.handler import Faults
@@ -63,10 +64,11 @@ def test_hf_engine_end_to_end(tmp_path, capsys):
     ingest_errors = _read(regen_dir / "errors.jsonl")
     assert len(ingest_errors) == 1 and ingest_errors[0]["origin"].endswith("in.jsonl:3")
     assert ingest_errors[0]["reason"] == "invalid_json"
-    # every valid sample exactly once: train in output (input order), the rest held out
-    all_ids = [c for c in [f"s{i}" if i % 3 != 2 else None for i in range(12)]]
-    train_ids = [r["id"] for r in rows]
-    assert len(train_ids) + len(held) == 12 and not set(train_ids) & {h["id"] for h in held}
+    # every valid sample regenerated exactly once (input order); the held-out ones (by id hash) also
+    # have their prompts in heldout.jsonl, for evaluation
+    ids = [r["id"] for r in rows]
+    assert len(ids) == len(set(ids)) == 12 and {h["id"] for h in held} < set(ids)
+    assert {h["id"] for h in held} == {i for i in ids if is_heldout(i, 0.25, 1)}
     order = [r["meta"]["origin"] for r in rows]
     assert order == sorted(order, key=lambda o: int(o.rsplit(":", 1)[1]))
     assert held and all(h["turns"] for h in held)
@@ -78,7 +80,7 @@ def test_hf_engine_end_to_end(tmp_path, capsys):
         assert "old answer" not in [m["content"] for m in conv]
         assert meta["engine"] == "hf" and meta["sampling"]["temperature"] == 0.8
         assert meta["num_tokens"] == sum(meta["turn_tokens"]) > 0 and meta["finish_reason"] in ("stop", "length")
-        if r["id"] in {i for i in all_ids if i and int(i[1:]) % 3 == 0}:
+        if r["id"] in {"s0", "s3", "s6", "s9"}:   # the ShareGPT records with a system prompt
             assert conv[0] == {"role": "system", "content": "You are terse."} and len(users) == 2
     assert _read(regen_dir / "regen.errors.jsonl") == []
     assert not (regen_dir / "regen.jsonl.parts").exists()
@@ -99,7 +101,7 @@ def test_hf_engine_end_to_end(tmp_path, capsys):
     cfg3 = load_config(_overrides(tmp_path, data, "data.on_error=skip", "engine.temperature=0.5",
                                   "engine.resume=false"))
     regenerate(cfg3)
-    assert [r["id"] for r in _read(out)] == train_ids and out.read_bytes() != before
+    assert [r["id"] for r in _read(out)] == ids and out.read_bytes() != before
 
 
 def test_too_long_prompt_is_a_final_failure(tmp_path, capsys):
@@ -231,4 +233,4 @@ def test_kill_dash_9_and_resume(tmp_path, capsys):
     assert ids == [r["id"] for r in straight]
     assert [r["conversations"] for r in rows] == [r["conversations"] for r in straight]
     held = _read(out.parent / "heldout.jsonl")
-    assert len(ids) + len(held) == n
+    assert len(ids) == n and {h["id"] for h in held} < set(ids)

@@ -1,4 +1,4 @@
-"""bench/target_confidence.py end to end: a greedy fp32 eval on a tiny target, then the script re-decodes
+"""bench/eval_drafters.py --confidence end to end: a greedy fp32 eval on a tiny target, then the script re-decodes
 the prompts with the target alone and walks every round of the rollouts along that path."""
 import json
 
@@ -16,13 +16,14 @@ def test_every_round_lies_on_the_targets_greedy_path(tmp_path, eval_data_dir, be
                      "draft.head_rank=16", f"eval.data_dir={eval_data_dir}", "eval.benchmarks=[gsm8k,mbpp]",
                      "eval.max_samples=2", "eval.max_new_tokens=12", "eval.temperature=0", "eval.decoding=chain", "eval.multi_turn=false",
                      "eval.measure_baseline=false", "eval.progress=false", f"eval.out_dir={out}"]))
-    mod = bench_module("target_confidence")
+    mod = bench_module("eval_drafters")
     rec_path = tmp_path / "tc.json"
-    mod.main(["--run", f"d={out}", "--out", str(rec_path), "--paths", str(tmp_path / "paths.json")])
+    mod.main(["--confidence", f"d={out}", "--out", str(rec_path), "--paths", str(tmp_path / "paths.json")])
     rec = json.loads(rec_path.read_text())
     # a second analysis reads the kept paths (no target forward) and gives the same record
-    monkeypatch.setattr(mod, "greedy_paths", None)
-    mod.main(["--run", f"d={out}", "--out", str(tmp_path / "tc2.json"), "--paths", str(tmp_path / "paths.json")])
+    monkeypatch.setattr(bench_module("eval_tables"), "greedy_paths", None)
+    mod.main(["--confidence", f"d={out}", "--out", str(tmp_path / "tc2.json"),
+              "--paths", str(tmp_path / "paths.json")])
     again = json.loads((tmp_path / "tc2.json").read_text())
     assert again["target"] == rec["target"] and again["drafters"] == rec["drafters"]
     samples = [json.loads(x) for x in (out / "samples.jsonl").read_text().splitlines()]

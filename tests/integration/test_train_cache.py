@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from deepspec.cache import CacheReader, CacheMismatchError
-from deepspec.prepare import build_cache
-from deepspec.prepare.synthetic import write_regen_jsonl
+from deepspec.cache.writer import build_cache
+from tests.support.synthetic import write_regen_jsonl
 from deepspec.config import load_config
 from deepspec.drafts import build_drafter
 from deepspec.targets import load_target
@@ -34,7 +34,7 @@ def overrides(tmp_path, **extra):
           "cache.dir": str(tmp_path / "cache"), "cache.shard_samples": 8,
           "train.strategy": "single", "train.global_batch_sequences": 4, "train.micro_batch_sequences": 2,
           "train.anchors_per_sequence": 6, "train.max_steps": 3, "train.save_every": 0, "train.eval_every": 3,
-          "train.heldout_fraction": 0.2, "train.bf16": False, "train.max_length": 80}
+          "data.heldout_fraction": 0.2, "train.bf16": False}
     kw.update(extra)
     return [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in kw.items()]
 
@@ -53,9 +53,8 @@ def cached(tmp_path_factory):
 def test_same_batch_same_loss_cached_and_online(cached):
     tmp, cfg, target = cached
     reader = CacheReader(tmp / "cache")
-    cache_src = CachedSequences(reader, cfg.train.max_length)
-    online_src = OnlineSequences.from_jsonl(tmp / "regen.jsonl", target, cfg.data.max_length,
-                                            crop=cfg.train.max_length)
+    cache_src = CachedSequences(reader, cfg.data.max_length)
+    online_src = OnlineSequences.from_jsonl(tmp / "regen.jsonl", target, cfg.data.max_length)
     assert len(online_src) == len(cache_src)
     assert [reader.sample_id(i) for i in range(len(reader))] == online_src.ids
     items = [(0, i) for i in (0, 3, 5, 8)]
@@ -118,8 +117,8 @@ def test_draft_vocabulary_selected_from_the_training_split(cached):
         ckpts[mode] = run(load_config(overrides(tmp, run_dir=str(tmp / mode), **{"draft.vocab_size": N},
                                                 **extra)))
     reader = CacheReader(tmp / "cache")
-    src = CachedSequences(reader, cfg.train.max_length)
-    train_idx, _ = split_heldout(len(src), cfg.train.heldout_fraction, cfg.data.split_seed)
+    src = CachedSequences(reader, cfg.data.max_length)
+    train_idx, _ = split_heldout(src.sample_ids(), cfg.data.heldout_fraction, cfg.data.split_seed)
     expected = select_top(count_answer_tokens((src.tokens(i) for i in train_idx), target.vocab_size), N,
                           always=target.eos_token_ids)
     for mode, ckpt in ckpts.items():
@@ -170,3 +169,27 @@ def test_training_on_a_union_of_two_caches_equals_one_cache_of_both(cached):
     _same_trajectory(tmp / "union", tmp / "whole")
     with pytest.raises(FileNotFoundError, match=r"cache.extra_dirs\[0\]"):
         run(load_config(overrides(tmp, run_dir=str(tmp / "missing"), **{"cache.extra_dirs": f"[{tmp / 'nope'}]"})))
+
+
+def test_training_reads_a_subset_of_the_cached_layers(cached):
+    """A drafter over fewer target layers (e.g. a 3-layer EAGLE-3 from a 5-layer cache) trains from the same
+    cache: its features are the chosen layers' slices, equal to what the target captures for those layers."""
+    tmp, cfg, target = cached
+    reader = CacheReader(tmp / "cache")
+    full = list(reader.layer_ids)
+    assert len(full) == 2
+    sub = load_target(load_config(overrides(tmp, **{"target.layer_ids": f"[{full[1]}]"})).target)
+    src = CachedSequences(reader, cfg.data.max_length, sub.layer_ids)
+    items = [(0, i) for i in (1, 4)]
+    b_cache = build_micro_batch(src, items, 6, seed=0)
+    online = OnlineSequences.from_jsonl(tmp / "regen.jsonl", sub, cfg.data.max_length)
+    b_online = OnlineFeatures(sub)(build_micro_batch(online, items, 6, seed=0))
+    assert b_cache["features"].shape[-1] == sub.feature_dim == reader.feature_dim // 2
+    torch.testing.assert_close(b_cache["features"].float(), b_online["features"].float(), atol=0.02, rtol=0.01)
+    ckpt = run(load_config(overrides(tmp, run_dir=str(tmp / "subset"), **{"target.layer_ids": f"[{full[1]}]",
+                                                                       "draft.algorithm": "eagle3"})))
+    assert ckpt.is_dir()
+    other = next(i for i in range(4) if i not in full)       # the tiny target has 4 layers
+    with pytest.raises(CacheMismatchError, match="layer_ids"):
+        run(load_config(overrides(tmp, run_dir=str(tmp / "not_subset"),
+                                  **{"target.layer_ids": f"[{min(full[0], other)},{max(full[0], other)}]"})))

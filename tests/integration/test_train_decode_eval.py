@@ -12,8 +12,8 @@ from deepspec.drafts import load_drafter
 from deepspec.eval.runner import evaluate
 from deepspec.eval.benchmarks import Sample
 from deepspec.decoding.warp import make_warp
-from deepspec.prepare import build_cache
-from deepspec.prepare.synthetic import write_regen_jsonl
+from deepspec.cache.writer import build_cache
+from tests.support.synthetic import write_regen_jsonl
 from deepspec.targets import load_target
 from deepspec.train.decode_eval import DecodeEval
 from deepspec.train.loop import run

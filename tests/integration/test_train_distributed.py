@@ -61,7 +61,7 @@ def common(regen: Path, **extra) -> list:
           "data.online": True, "data.regen_path": str(regen),
           "train.global_batch_sequences": 4, "train.micro_batch_sequences": 2, "train.anchors_per_sequence": 8,
           "train.max_steps": 4, "train.save_every": 2, "train.eval_every": 0, "train.bf16": False,
-          "train.heldout_fraction": 0.2, "train.warmup_ratio": 0.25, "train.keep_last": 0}
+          "data.heldout_fraction": 0.2, "train.warmup_ratio": 0.25, "train.keep_last": 0}
     kw.update(extra)
     return [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in kw.items()]
 

@@ -68,7 +68,7 @@ def test_kill9_and_sigterm_resume_reproduce_the_uninterrupted_run(tmp_path):
     torch.set_num_threads(1)
     regen = write_regen(tmp_path / "regen.jsonl")
     extra = {"train.max_steps": 12, "train.save_every": 3, "train.keep_last": 2, "train.strategy": "single",
-             "train.eval_every": 4, "train.heldout_fraction": 0.2}
+             "train.eval_every": 4, "data.heldout_fraction": 0.2}
     ref_dir, dir_ = tmp_path / "ref", tmp_path / "run"
     run(load_config(common(regen, run_dir=str(ref_dir), **extra)))
     overrides = common(regen, run_dir=str(dir_), **extra)

@@ -65,11 +65,11 @@ def test_shipped_draft_is_lossless_and_accepts(shipped):
     assert tau >= TAU_FLOOR, tau
 
 
-# Measured on the same prompts when tree verification landed (2026-12-05, fp32, one thread, the draft shipped
+# Measured on the same prompts (2026-12-05, fp32, one thread, the draft shipped
 # then): τ 1.83 with trees of 16 nodes, width 4 (64 drafts accepted in 77 rounds), where its chains give 1.45
 # (44 in 97).  The floor sits between the two: the tree must add acceptance, by more than a BLAS could move.
 TREE_TAU_FLOOR = 1.6
-# Measured when prompt lookup landed (2026-12-05, tenth session, fp32, two threads): trees of 16 nodes, width 8,
+# Measured on these prompts (2026-12-05, fp32, two threads): trees of 16 nodes, width 8,
 # τ 1.88 without lookup and 2.01 with it (n ≤ 3) on these prompts.  The floor checks a trained draft in a tree;
 # the comparison checks that the lookup adds acceptance.
 LOOKUP_TAU_FLOOR = 1.7

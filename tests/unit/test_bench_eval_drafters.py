@@ -156,6 +156,9 @@ def test_markdown_of_a_small_record(bench_module):
     for header in ("| benchmark | a | b |", "| benchmark | a/b | a/c |"):   # rows as wide as their header
         block = list(itertools.takewhile(lambda l: l.startswith("|"), lines[lines.index(header):]))
         assert len(block) >= 4 and all(l.count("|") == header.count("|") for l in block)
+    assert "Notes:" not in md
+    md = tables.markdown({**record, "notes": ["sized down: 4 prompts", "cache in /x/checkout/bench/work/c"]})
+    assert md.endswith("Notes:\n\n- sized down: 4 prompts\n- cache in bench/work/c\n")
 
 
 def _save(root, step, run_yaml="seed: 0\n"):

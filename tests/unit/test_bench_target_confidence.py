@@ -1,4 +1,4 @@
-"""bench/target_confidence.py: token shares and acceptance per bin of the target's top-1 probability."""
+"""bench/eval_drafters.py --confidence (bench/eval_tables.py): token shares and acceptance per bin of the target's top-1 probability."""
 import json
 
 import pytest
@@ -16,7 +16,7 @@ ROUNDS = {"gsm8k/0": [
 
 
 def test_shares_and_acceptance_per_bin(bench_module):
-    mod = bench_module("target_confidence")
+    mod = bench_module("eval_tables")
     t = mod.target_shares(PATHS, {"gsm8k/0": "gsm8k"})
     assert t["tokens"] == 6 and t["mean_top1"] == pytest.approx(sum(PATHS["gsm8k/0"][1]) / 6)
     assert t["share"] == pytest.approx([1 / 6, 0, 1 / 6, 0, 1 / 6, 3 / 6])
@@ -37,7 +37,7 @@ def test_shares_and_acceptance_per_bin(bench_module):
 
 
 def test_a_round_off_the_greedy_path_ends_the_request(bench_module):
-    mod = bench_module("target_confidence")
+    mod = bench_module("eval_tables")
     off = {"gsm8k/0": [dict(ROUNDS["gsm8k/0"][0], draft_tokens=[6, 70, 99]), ROUNDS["gsm8k/0"][1]]}
     a = mod.acceptance(off, PATHS)                 # an accepted 70 where the plain path has 7
     assert a["rounds_used"] == 0 and a["requests_diverged"] == 1
@@ -48,7 +48,7 @@ def test_a_round_off_the_greedy_path_ends_the_request(bench_module):
 
 
 def test_bad_rollouts_name_file_and_line(bench_module, tmp_path):
-    mod = bench_module("target_confidence")
+    mod = bench_module("eval_tables")
     p = tmp_path / "rollouts.jsonl"
     p.write_text(json.dumps({"request_id": "a/0", "round": 0, "accepted": 3, "verified": 2, "draft_tokens": [1, 2]}) + "\n")
     with pytest.raises(SystemExit, match=r"rollouts.jsonl:1: accepted 3, verified 2"):

@@ -11,9 +11,10 @@ import torch
 from deepspec.cache import CacheCorruptError, CacheError, CacheMismatchError, CacheReader
 from deepspec.cache import cli
 from deepspec.cache.format import INDEX, MANIFEST, SCHEMA_META_KEY, sha256_file, shard_name, sidecar_name
-from deepspec.prepare import build_cache, finalize_cache
-from deepspec.prepare.samples import capture_batch, length_batches, pad_token_id, tokenize_records
-from deepspec.prepare.synthetic import write_regen_jsonl
+from deepspec.cache.writer import build_cache
+from deepspec.cache.finalize import finalize_cache
+from deepspec.cache.capture import capture_batch, length_batches, pad_token_id, tokenize_records
+from tests.support.synthetic import write_regen_jsonl
 from deepspec.config import load_config
 from deepspec.targets import TargetAdapter, load_target
 
@@ -344,7 +345,9 @@ def originals(built):
 @_FUZZ
 @given(where=st.sampled_from(["top", "target", "codec", "index", "shard"]), key_pick=st.integers(0, 100),
        value=_json, raw=st.one_of(st.none(), st.binary(max_size=64)))
-def test_fuzz_manifest(built, tmp_path_factory, where, key_pick, value, raw):
+def test_fuzz_manifest(built, originals, tmp_path_factory, where, key_pick, value, raw):
+    """A damaged manifest is refused with a `CacheError`, or (a field the reader does not need) read back
+    to exactly the original samples: never another exception, never different values."""
     _, out, _ = built
     d = _tree_copy(out, tmp_path_factory.mktemp("fm") / "c")
     if raw is not None and key_pick % 5 == 0:
@@ -357,9 +360,12 @@ def test_fuzz_manifest(built, tmp_path_factory, where, key_pick, value, raw):
         node[keys[key_pick % len(keys)]] = value
         (d / MANIFEST).write_text(json.dumps(m))
     try:
-        _read_all(d)
+        got = _read_all(d)
     except CacheError:
-        pass
+        return
+    assert len(got) == len(originals)
+    for a, b in zip(originals, got):
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 @_FUZZ

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from deepspec.cache import CacheReader, get_codec
-from deepspec.cache.codec_error import reconstruction_error
+from deepspec.cache.reconstruction import reconstruction_error
 from deepspec.cache.errors import CacheCorruptError, CacheError
 from deepspec.cache.format import state_from_bytes, state_to_bytes
-from deepspec.prepare import build_cache
-from deepspec.prepare.synthetic import write_regen_jsonl
+from deepspec.cache.writer import build_cache
+from tests.support.synthetic import write_regen_jsonl
 from deepspec.config import load_config
 from deepspec.targets import load_target
 

@@ -5,8 +5,8 @@ import json
 import pytest
 import torch
 
-from deepspec.experiments import plan as planmod
-from deepspec.prepare.synthetic import write_regen_jsonl
+from deepspec.plan import estimate as planmod
+from tests.support.synthetic import write_regen_jsonl
 from deepspec.config import load_config
 from deepspec.targets import load_target
 
@@ -47,7 +47,7 @@ def test_plan_from_raw_prompts_without_answers(tmp_path, target):
     cfg = load_config(BASE + [f"run_dir={tmp_path}", "data.heldout_fraction=0.25"])
     p = planmod.estimate(cfg, target=target, prompts_path=prompts, probe_tokens=128, decode_steps=2,
                          decode_batch=2, assumed_response_tokens=40, train_probe=False)
-    assert p.records == 9  # 12 minus the held-out quarter
+    assert p.records == 12  # every record is regenerated and cached, the held-out ones too
     assert p.assumed_response_tokens == 40 and p.mean_loss_tokens == 40
     assert any("no answers" in n for n in p.notes)
 
@@ -64,8 +64,8 @@ def test_plan_refuses_when_cache_exceeds_disk(tmp_path, target):
 def test_plan_reports_draft_vocabulary_coverage_and_head(tmp_path, target):
     """draft.vocab_size = N: coverage of the sampled answer tokens (as the trainer selects) and the head change."""
     from deepspec.data.vocab import count_answer_tokens, coverage, select_top
-    from deepspec.experiments.probes import encode_conversations
-    from deepspec.experiments.plan import _regen_sample
+    from deepspec.plan.probes import encode_conversations
+    from deepspec.plan.estimate import _regen_sample
     N = 40
     cfg = load_config(BASE + [f"run_dir={tmp_path}", f"draft.vocab_size={N}", "draft.algorithm=dspark",
                               "draft.head_rank=8", "draft.num_layers=1"])

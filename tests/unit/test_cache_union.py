@@ -8,8 +8,8 @@ import torch
 from deepspec.cache import CacheMismatchError, CacheReader
 from deepspec.cache.union import CacheUnion, open_caches
 from deepspec.config import load_config
-from deepspec.prepare import build_cache
-from deepspec.prepare.synthetic import write_regen_jsonl
+from deepspec.cache.writer import build_cache
+from tests.support.synthetic import write_regen_jsonl
 from deepspec.targets import load_target
 
 BASE = ["target.path=tiny:llama", "target.dtype=float32", "cache.shard_samples=4", "data.max_length=64",

@@ -81,8 +81,10 @@ def test_yaml_states_only_what_differs_from_the_defaults():
     defaults = dataclasses.asdict(DeepSpecConfig())
     for group in GROUPS:
         for path in sorted((conf_dir() / group).glob("*.yaml")):
-            for key, value in _leaves(yaml.safe_load(path.read_text()) or {}):
-                default = defaults[group]
+            text = path.read_text()
+            root = text.startswith("# @package _global_")         # keys from the root (draft.*, target.*)
+            for key, value in _leaves(yaml.safe_load(text) or {}):
+                default = defaults if root else defaults[group]
                 for part in key.split("."):
                     default = default[part]
                 assert value != default, f"{path}: {key} repeats the dataclass default {default!r}"
@@ -96,3 +98,34 @@ def test_yaml_states_only_what_differs_from_the_defaults():
             for part in key.split("."):
                 composed = composed[part]
             assert value != composed, f"{path}: {key} repeats what its groups compose ({composed!r})"
+
+
+def _literal_keys(cls, prefix=""):
+    import dataclasses
+    import typing
+    from deepspec.config.typed import choices
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):
+            yield from _literal_keys(hints[f.name], f"{prefix}{f.name}.")
+        elif choices(hints[f.name]) is not None:
+            yield f"{prefix}{f.name}", choices(hints[f.name])
+
+
+def test_every_enumerated_key_is_checked_when_the_config_loads():
+    from deepspec.config import ConfigError, DeepSpecConfig, load_config
+    keys = dict(_literal_keys(DeepSpecConfig))
+    assert {"draft.sequential_head", "train.strategy", "cache.codec", "target.dtype"} <= set(keys)
+    for key, allowed in keys.items():
+        with pytest.raises(ConfigError, match=rf"{key}='no_such_choice': choose from "):
+            load_config([f"{key}=no_such_choice"])
+        good = next(a for a in allowed if a is not None)
+        assert load_config([f"{key}={good}"]) is not None
+
+
+def test_typed_config_round_trips_through_yaml_and_overrides(tmp_path):
+    from deepspec.config import config_from_yaml, load_config, save_config, with_overrides
+    cfg = load_config(["draft=dspark_rnn", "train.strategy=fsdp"])
+    again = config_from_yaml(save_config(cfg, tmp_path))
+    assert again == cfg and again.draft.sequential_head == "rnn"
+    assert with_overrides(cfg, ["cache.codec=fp8"]).cache.codec == "fp8"

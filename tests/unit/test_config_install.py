@@ -1,4 +1,5 @@
-"""A non-editable install finds its config groups and recipes (they ship as package data)."""
+"""A non-editable install finds its config groups and recipes: `conf/` and `recipes/` sit at the
+repository root and the wheel maps them into the package (setup.py)."""
 import os
 import shutil
 import subprocess
@@ -9,7 +10,6 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-PKG = REPO / "deepspec"
 
 CHECK = textwrap.dedent("""
     import sys
@@ -31,9 +31,10 @@ def test_installed_package_composes_configs_from_another_directory(tmp_path):
     pytest.importorskip("setuptools")
     src = tmp_path / "src"
     src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy(REPO / name, src / name)
-    shutil.copytree(PKG, src / "deepspec", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for name in ("deepspec", "conf", "recipes"):
+        shutil.copytree(REPO / name, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     site = tmp_path / "site"
     r = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
                         "--no-build-isolation", "--target", str(site), str(src)],
@@ -41,7 +42,7 @@ def test_installed_package_composes_configs_from_another_directory(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
 
     shipped = sorted(p.relative_to(site / "deepspec").as_posix() for p in (site / "deepspec").rglob("*.yaml"))
-    in_repo = sorted(p.relative_to(PKG).as_posix() for p in PKG.rglob("*.yaml"))
+    in_repo = sorted(p.relative_to(REPO).as_posix() for d in ("conf", "recipes") for p in (REPO / d).rglob("*.yaml"))
     assert shipped == in_repo and "conf/config.yaml" in shipped
 
     elsewhere = tmp_path / "elsewhere"

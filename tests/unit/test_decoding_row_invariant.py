@@ -64,3 +64,11 @@ def test_bf16_speculative_outputs_equal_plain_decoding(kind):
             out = tree_generate(t, d, prompt, gamma=4, nodes=10, width=3, max_new_tokens=24, warp=GREEDY,
                                 eos_token_ids=[], lookup=(3, 1), row_invariant=True)
         assert out.tokens == base
+
+
+def test_targets_without_full_attention_everywhere_are_refused_by_name():
+    g3 = make_tiny_target("gemma3", num_layers=2, dtype=torch.bfloat16)        # sliding-window layers
+    with pytest.raises(ValueError, match="eval.row_invariant: .*sliding_attention"):
+        with row_invariant(g3):
+            pass
+    assert g3.fast_attention is None

@@ -66,12 +66,12 @@ def test_drafters_without_trees_decode_chains_and_refuse_tree_keys(tmp_path, lla
     assert _setting(tmp_path, llama, NoDraft(llama, gamma=3)).lookup == (3, 1)
 
 
-def test_sliding_window_targets_fall_back_to_chains(tmp_path):
-    g3 = make_tiny_target("gemma3", num_layers=2)
-    d = build_drafter(g3, DraftConfig(algorithm="dflash", gamma=3, num_layers=1)).eval()
-    assert _setting(tmp_path, g3, d) is None
-    with pytest.raises(ConfigError, match="sliding-window"):
-        _setting(tmp_path, g3, d, "eval.tree_nodes=4")
+def test_targets_that_cannot_verify_trees_fall_back_to_chains(tmp_path):
+    nx = make_tiny_target("qwen3_next", num_layers=2)          # linear-attention layers: a recurrent state
+    d = build_drafter(nx, DraftConfig(algorithm="dflash", gamma=3, num_layers=1)).eval()
+    assert _setting(tmp_path, nx, d) is None
+    with pytest.raises(ConfigError, match="recurrent"):
+        _setting(tmp_path, nx, d, "eval.tree_nodes=4")
 
 
 @pytest.mark.parametrize("ov,msg", [

@@ -142,8 +142,8 @@ def test_cache_build_disk_full_keeps_committed_shards_and_resumes(tmp_path, monk
     from deepspec.cache import CacheReader
     from deepspec.cache import format as fmt
     from deepspec.cache.format import MANIFEST, shard_name, sidecar_name
-    from deepspec.prepare import build_cache
-    from deepspec.prepare.synthetic import write_regen_jsonl
+    from deepspec.cache.writer import build_cache
+    from tests.support.synthetic import write_regen_jsonl
     from deepspec.targets import load_target
     regen = write_regen_jsonl(tmp_path / "regen.jsonl", 8, seed=5, max_words=8)
     target = load_target(_cache_cfg(tmp_path).target)
@@ -208,7 +208,7 @@ def _train_overrides(run_dir: Path, regen: Path):
           "data.online": "true", "data.regen_path": str(regen), "run_dir": str(run_dir),
           "train.global_batch_sequences": 4, "train.micro_batch_sequences": 2, "train.anchors_per_sequence": 8,
           "train.max_steps": 4, "train.save_every": 2, "train.eval_every": 0, "train.bf16": "false",
-          "train.heldout_fraction": 0.2, "train.warmup_ratio": 0.25, "train.keep_last": 0,
+          "data.heldout_fraction": 0.2, "train.warmup_ratio": 0.25, "train.keep_last": 0,
           "train.strategy": "single"}
     return [f"{k}={v}" for k, v in kw.items()]
 
@@ -217,7 +217,7 @@ def test_checkpoint_disk_full_keeps_the_last_checkpoint_and_resumes(tmp_path, mo
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    from deepspec.prepare.synthetic import write_regen_jsonl
+    from tests.support.synthetic import write_regen_jsonl
     from deepspec.train import checkpoint as ckpt
     from deepspec.train.loop import run
     monkeypatch.setenv("DEEPSPEC_NO_PROGRESS", "1")

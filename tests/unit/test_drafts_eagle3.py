@@ -64,7 +64,7 @@ def test_forward_shapes_and_frozen_target(tiny_target, layout):
     want = sum(int(lm[:, 2 + j:].sum()) for j in range(S))
     assert m["positions"] == want
     assert all(f"accept_rate/{k}" in m and f"top1/{k}" in m for k in range(1, S + 1))
-    assert 1.0 <= m["expected_tau"] <= S + 1 and torch.isfinite(out["loss"])
+    assert torch.isfinite(out["loss"])
     out["loss"].backward()
     target_ptrs = {p.data_ptr() for p in t.model.parameters()}
     assert not any(p.data_ptr() in target_ptrs for p in d.parameters())

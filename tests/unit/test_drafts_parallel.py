@@ -58,7 +58,6 @@ def test_forward_shapes_metrics_and_frozen_target(tiny_target, name):
     for key in ["ce", "tv", "conf_bce", "expected_tau"] + [f"{p}/{k}" for p in ("accept_rate", "top1")
                                                            for k in range(1, G + 1)]:
         assert key in m and isinstance(m[key], float)
-    assert 1.0 <= m["expected_tau"] <= G + 1
     assert (m["conf_bce"] > 0) == (not name.startswith("dflash"))
     out["loss"].backward()
     # the target's embedding / LM head are neither parameters nor saved nor trained

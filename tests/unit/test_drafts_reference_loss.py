@@ -66,6 +66,11 @@ def test_loss_equals_the_reference_formula(tiny_llama, head):
     ref = sum(a * (x * w).sum() / w.sum() for a, x in ((0.1, ce), (0.9, l1), (1.0, bce)))
     torch.testing.assert_close(out["loss"].detach(), ref, rtol=1e-5, atol=1e-6)
     assert out["metrics"]["blocks"] == 4.0
+    # expected τ = 1 + Σ_k E_blocks[Π_{j≤k} (1 − TV_j)] over the blocks whose position k is supervised
+    valid = bl["valid_pos"].reshape(-1, G)
+    chain = torch.cumprod(accept.reshape(-1, G).double(), -1)
+    want = 1 + sum(float(chain[valid[:, k], k].mean()) for k in range(G) if valid[:, k].any())
+    assert out["metrics"]["expected_tau"] == pytest.approx(want, rel=1e-5)
 
 
 def test_head_init_matches_the_reference():

@@ -119,3 +119,17 @@ def test_api_key_from_env_or_file_and_never_shown(engine, tmp_path, monkeypatch)
 def test_normalise_url():
     assert normalise_url("localhost:30000/v1/") == "http://localhost:30000"
     assert normalise_url("https://x.y/") == "https://x.y"
+
+
+def test_retry_after_is_honoured_on_429(engine):
+    from deepspec.engines.openai_client import retry_after_s
+    assert retry_after_s("3") == 3.0 and retry_after_s(None) is None and retry_after_s("soon") is None
+    assert retry_after_s("Thu, 01 Jan 1970 00:00:10 GMT", now=4.0) == 6.0
+    with serve_in_thread(engine, faults=Faults(busy_every=2, busy_retry_after=1)) as h:
+        c = _client([h.url], max_retries=4, backoff_s=0.001, backoff_max_s=2.0, concurrency=1)
+        waits, backoff = [], c._backoff
+        c._backoff = lambda attempt, retry_after=None: waits.append(backoff(attempt, retry_after)) or waits[-1]
+        out = c.generate(_prompts(3), SP, keys=[str(i) for i in range(3)])
+    assert all(isinstance(o, str) for o in out), out
+    busy = h.server.faults.busy
+    assert busy >= 1 and len(waits) == busy and all(w >= 1.0 for w in waits)   # Retry-After, not the 1 ms backoff

@@ -32,10 +32,16 @@ def test_domains():
     assert sum(len(v) for v in DOMAINS.values()) == 9
 
 
-def test_shared_datasets_relative_to_repo(eval_data_dir, monkeypatch, tmp_path):
-    monkeypatch.chdir(tmp_path)                       # relative path resolves against the repo root
-    root = resolve_data_dir("../shared/eval_datasets")
-    assert root.samefile(eval_data_dir)
-    b = load_benchmarks("../shared/eval_datasets", ["gsm8k", "mt-bench", "humaneval"], max_samples=2)
+def test_relative_data_dir_resolves_against_the_repository_root(monkeypatch, tmp_path):
+    from tests.support.benchmarks import write_benchmarks
+    import deepspec.eval.benchmarks as bm
+    repo = tmp_path / "repo"
+    write_benchmarks(repo / "prompts")
+    monkeypatch.setattr(bm, "project_root", lambda: repo)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)                      # not found here: the repo root is tried next
+    assert resolve_data_dir("prompts") == (repo / "prompts").resolve()
+    b = load_benchmarks("prompts", ["gsm8k", "mt-bench", "humaneval"], max_samples=2)
     assert all(len(v) == 2 for v in b.values())
     assert len(b["mt-bench"][0].turns) == 2 and len(b["gsm8k"][0].turns) == 1

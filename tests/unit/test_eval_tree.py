@@ -4,9 +4,10 @@ import pytest
 import torch
 
 from conftest import make_tiny_target
+from tests.support.oracle_tree import OracleTreeExpansion
 from deepspec.config.draft import DraftConfig
 from deepspec.drafts import build_drafter
-from deepspec.drafts.base import DraftState, TreeExpansion
+from deepspec.drafts.base import DraftState
 from deepspec.decoding.tree import DraftTree, grow_tree
 from deepspec.decoding.warp import make_warp
 from deepspec.decoding.chain import speculative_generate
@@ -179,10 +180,8 @@ def test_accept_tree_greedy():
         accept_tree_greedy(tokens, parents, [1, 2])
 
 
-class OracleTree:
-    """A test drafter that knows the target's greedy output: below every node on the true path it puts a
-    wrong token first and the right one second (so the accepted nodes are never contiguous rows), its other
-    rows are flat, and the true path ends at depth ``cut``.  The real `grow_tree` grows its trees."""
+class OracleTree(OracleTreeExpansion):
+    """A test drafter that knows the target's greedy output; the real `grow_tree` grows its trees."""
 
     def __init__(self, prompt_len, truth, cut, vocab):
         self.prompt_len, self.truth, self.cut, self.vocab = prompt_len, truth, cut, vocab
@@ -194,20 +193,6 @@ class OracleTree:
         assert tokens.shape[0] == features.shape[0]
         state.tokens = torch.cat([state.tokens, tokens])
         return state
-
-    def tree_expansion(self, state, anchor, gamma):
-        m = state.length - self.prompt_len          # the anchor is output token m
-        assert anchor == self.truth[m]
-
-        def expand(k, tokens, on):
-            on = on & (tokens == self.truth[m + k])             # this row is the true path's depth-k node
-            logits = torch.full((tokens.shape[0], self.vocab), -20.0)
-            if k < self.cut:
-                right = self.truth[m + k + 1]
-                logits[on, (right + 1) % 50] = 0.0
-                logits[on, right] = -0.1
-            return logits, on
-        return TreeExpansion(expand, torch.ones(1, dtype=torch.bool))
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
@@ -243,11 +228,11 @@ def test_tree_loop_is_lossless_with_a_real_drafter(tiny_qwen3, algo):
         assert [r.accepted for r in one.rounds] == [r.accepted for r in chain.rounds]
 
 
-def test_tree_refuses_sliding_windows_and_chain_only_drafters(tiny_llama):
+def test_tree_refuses_recurrent_layers_and_chain_only_drafters(tiny_llama):
     t = tiny_llama
-    g3 = make_tiny_target("gemma3", num_layers=2)
-    with pytest.raises(ValueError, match="sliding-window"):
-        tree_generate(g3, build_drafter(g3, DraftConfig(algorithm="dflash", gamma=3, num_layers=1)).eval(),
+    nx = make_tiny_target("qwen3_next", num_layers=2)
+    with pytest.raises(ValueError, match="linear_attention layers carry a recurrent state"):
+        tree_generate(nx, build_drafter(nx, DraftConfig(algorithm="dflash", gamma=3, num_layers=1)).eval(),
                       [5, 6, 7], gamma=3, nodes=4, width=2, max_new_tokens=4, warp=GREEDY)
     from deepspec.eval.reference_drafters import TargetAsDraft
     with pytest.raises(NotImplementedError, match="drafts chains only"):

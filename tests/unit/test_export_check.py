@@ -9,6 +9,7 @@ from deepspec.config.draft import DraftConfig
 from deepspec.drafts import build_drafter
 from deepspec.export import export_draft
 from deepspec.export.check import check_draft, diff_renderings, main as check_main
+from deepspec.export.vocab_rank import W2
 from deepspec.targets import load_target
 
 CONV = [{"role": "system", "content": "Be brief."},
@@ -102,7 +103,8 @@ def test_cli_exit_codes(ckpt, capsys):
 # -- reduced draft vocabularies ------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def pruned_run(llama, tmp_path_factory):
-    """RUN/checkpoints/step_1 of a dspark draft with draft.vocab_size=60, RUN/draft_vocab.json, a vLLM export."""
+    """RUN/checkpoints/step_1 of a dspark draft with draft.vocab_size=60, RUN/draft_vocab.json, vLLM and SGLang
+    exports."""
     from deepspec.data.vocab import save_vocab
     run = tmp_path_factory.mktemp("run")
     torch.manual_seed(0)
@@ -112,7 +114,8 @@ def pruned_run(llama, tmp_path_factory):
     ckpt = d.save_pretrained(run / "checkpoints" / "step_1")
     save_vocab(run / "draft_vocab.json", ids.numpy(), vocab_size=llama.vocab_size,
                tokenizer_fingerprint=llama.fingerprint()["tokenizer_sha256"], coverage_value=0.9, source="test")
-    export_draft(ckpt, run / "vllm", "vllm", target=llama, target_path="tiny:llama")
+    for fmt in ("vllm", "sglang"):
+        export_draft(ckpt, run / fmt, fmt, target=llama, target_path="tiny:llama")
     return run, ckpt, ids
 
 
@@ -122,7 +125,7 @@ def _vocab(rep):
 
 def test_reduced_vocabulary_checkpoint_and_export_pass(llama, pruned_run):
     run, ckpt, ids = pruned_run
-    for where in (ckpt, run / "vllm"):
+    for where in (ckpt, run / "vllm", run / "sglang"):
         rep = check_draft(where, llama, [CONV])
         assert rep.ok, rep.render()
         f = _vocab(rep)
@@ -143,15 +146,18 @@ def test_full_vocabulary_has_no_vocabulary_finding(llama, ckpt):
     ("vllm", None, lambda c: c.update(draft_vocab_size=61), r"d2t has shape \[60\], draft_vocab_size is 61"),
     ("vllm", lambda w: w["lm_head.weight"].mul_(3), None, "lm_head.weight is not this target's LM head"),
     ("ckpt", lambda w: w.update(draft_vocab=w["draft_vocab"].flip(0)), None, "draft_vocab: token ids must be strictly"),
+    ("sglang", lambda w: w[W2][:, -1].clamp_(min=-1.0), None, "scores the full target vocabulary"),
+    ("sglang", lambda w: w[W2][:, -1].__setitem__(slice(0, 3), 0.0), None, "lists other tokens than the draft"),
+    ("sglang", lambda w: w["confidence_head.proj.weight"][0, -1].fill_(1.0), None, "confidence_head.proj.weight"),
     ("ckpt", None, lambda c: c["draft"].update(vocab_size=59), "draft.vocab_size=59"),
 ])
 def test_bad_vocabulary_maps_are_one_finding(llama, pruned_run, tmp_path, edited_draft, which, w_edit, cfg_edit,
                                              needle):
     run, ckpt, _ = pruned_run
-    bad = edited_draft(ckpt if which == "ckpt" else run / "vllm", tmp_path / "bad", cfg_edit, w_edit)
+    bad = edited_draft(ckpt if which == "ckpt" else run / which, tmp_path / "bad", cfg_edit, w_edit)
     rep = check_draft(bad, llama, [CONV])
     f = _vocab(rep)
-    assert not f.ok and ("model.safetensors" in f.detail or "config.json" in f.detail)
+    assert not f.ok and any(name in f.detail for name in ("model.safetensors", "config.json", "draft_vocab.json"))
     import re
     assert re.search(needle, f.detail), f.detail
 

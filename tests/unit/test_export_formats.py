@@ -5,58 +5,24 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from deepspec.config import TargetConfig
 from deepspec.config.draft import DraftConfig
 from deepspec.drafts import build_drafter
 from deepspec.export import ExportError, ExportUnsupported, ImportUnsupported, export_draft, import_draft
 from deepspec.export.api import probe_batch, verify_export
 from deepspec.export.cli import main as export_main
-from deepspec.export.reference import EngineDraft
+from deepspec.export.engine_parallel import EngineDraft
 from deepspec.export.schemas import validate, SCHEMAS
-from deepspec.targets import load_target
-
-LAYER_IDS = [1, 2]
-TINY = "tiny:llama"
-
-
-def _target(path=TINY, layer_ids=LAYER_IDS):
-    return load_target(TargetConfig(path=path, dtype="float32", device="cpu", layer_ids=layer_ids))
+from tests.support.export_drafts import LAYER_IDS, TINY, same_blocks, save, tiny_target, trained
 
 
 @pytest.fixture(scope="module")
 def target():
-    return _target()
-
-
-def _trained(target, algorithm, seed=0, **kw):
-    """A drafter with every parameter moved off its init."""
-    torch.manual_seed(seed)
-    d = build_drafter(target, DraftConfig(algorithm=algorithm, num_layers=1, gamma=4, head_rank=8, **kw))
-    with torch.no_grad():
-        for p in d.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-    return d.eval()
-
-
-def _save(d, path, run_yaml=None):
-    d.save_pretrained(path)
-    if run_yaml:
-        (path / "run.yaml").write_text(run_yaml)
-    return path
-
-
-def _same_blocks(a, b, target, atol=0.0):
-    batch = probe_batch(target, a.cfg.gamma, seed=3)
-    x, y = a.block_logits(batch), b.block_logits(batch)
-    assert (x["logits"] - y["logits"]).abs().max() <= atol
-    if x["confidence"] is not None:
-        assert (x["confidence"] - y["confidence"]).abs().max() <= atol
-    return batch
+    return tiny_target()
 
 
 def test_vllm_dspark_markov_round_trip(target, tmp_path):
-    d = _trained(target, "dspark", sequential_head="markov")
-    ckpt = _save(d, tmp_path / "ckpt")
+    d = trained(target, "dspark", sequential_head="markov")
+    ckpt = save(d, tmp_path / "ckpt")
     res = export_draft(ckpt, tmp_path / "vllm", "vllm", target=target, target_path=TINY)
     out = tmp_path / "vllm"
     cfg = json.loads((out / "config.json").read_text())
@@ -70,10 +36,10 @@ def test_vllm_dspark_markov_round_trip(target, tmp_path):
     assert "fc.weight" in w and "layers.0.self_attn.q_norm.weight" in w and "hidden_norm.weight" in w
     assert w["markov_head.markov_w2.weight"].shape == (target.vocab_size, 8)
     assert not any(k.startswith(("embed_tokens", "lm_head", "head.", "context.")) for k in w)
-    assert res.verified["reimport_max_abs_diff"] == 0.0 and res.verified["reference_max_abs_diff"] < 1e-4
+    assert res.verified["reimport_max_abs_diff"] == 0.0 and res.verified["engine_max_abs_diff"] < 1e-4
     back = import_draft(out, target)
     assert back.algorithm == "dspark" and back.cfg.sequential_head == "markov" and back.cfg.confidence_head
-    _same_blocks(d, back, target)
+    same_blocks(d, back, target)
     # the decoding path agrees too: same greedy proposals from the same prefix
     batch = probe_batch(target, 4, seed=5)
     ids, feats = batch["input_ids"][0], batch["features"][0]
@@ -86,19 +52,23 @@ def test_vllm_dspark_markov_round_trip(target, tmp_path):
 
 
 def test_sglang_dspark_rnn_round_trip(target, tmp_path):
-    d = _trained(target, "dspark", sequential_head="rnn", seed=1)
-    ckpt = _save(d, tmp_path / "ckpt")
+    d = trained(target, "dspark", sequential_head="rnn", seed=1)
+    ckpt = save(d, tmp_path / "ckpt")
     export_draft(ckpt, tmp_path / "sg", "sglang", target=target, target_path=TINY)
     cfg = json.loads((tmp_path / "sg" / "config.json").read_text())
     assert validate(cfg, SCHEMAS["sglang_dspark"]) == [] and "speculators_model_type" not in cfg
-    assert cfg["architectures"] == ["Qwen3DSparkModel"]
-    assert cfg["dflash_config"] == {"block_size": 4, "mask_token_id": d.mask_token_id, "target_layer_ids": LAYER_IDS}
-    assert (cfg["num_target_layers"], cfg["markov_head_type"], cfg["hidden_size"]) == (4, "rnn", 64)
+    assert cfg["architectures"] == ["DSparkDraftModel"]         # SGLang's registry and SpecForge's both hold it
+    heads = {"markov_rank": 8, "markov_head_type": "rnn", "enable_confidence_head": True,
+             "confidence_head_with_markov": True}
+    assert cfg["dflash_config"] == {"block_size": 4, "mask_token_id": d.mask_token_id, "target_layer_ids": LAYER_IDS,
+                                    "attention_mode": "gqa", **heads}     # read by SGLang first, by SpecForge only
+    assert {k: cfg[k] for k in heads} == heads and cfg["block_size"] == 4     # SGLang builds its heads from these
+    assert (cfg["num_target_layers"], cfg["hidden_size"]) == (4, 64)
     w = load_file(str(tmp_path / "sg" / "model.safetensors"))
     assert w["markov_head.joint_proj.weight"].shape == (24, 2 * 8 + 64)
     back = import_draft(tmp_path / "sg", target)
     assert back.cfg.sequential_head == "rnn"
-    batch = _same_blocks(d, back, target)
+    batch = same_blocks(d, back, target)
     # an independent implementation of the engine's forward, fed the written files, agrees
     eng = EngineDraft.from_dir(tmp_path / "sg")
     anchors = [int(a) for a in batch["anchors"][0]]
@@ -109,33 +79,55 @@ def test_sglang_dspark_rnn_round_trip(target, tmp_path):
     torch.testing.assert_close(conf, ours["confidence"][0], atol=1e-4, rtol=1e-4)
 
 
-def test_headless_dflash_vllm_only(target, tmp_path):
+def test_headless_dflash_in_both_formats(target, tmp_path):
     from deepspec.drafts import load_drafter
-    ckpt = _save(_trained(target, "dflash", seed=2).to(torch.bfloat16), tmp_path / "ckpt")    # bf16 checkpoint
+    ckpt = save(trained(target, "dflash", seed=2).to(torch.bfloat16), tmp_path / "ckpt")    # bf16 checkpoint
     export_draft(ckpt, tmp_path / "v", "vllm", target=target, target_path=TINY)
     cfg = json.loads((tmp_path / "v" / "config.json").read_text())
     # DSpark layout with the Markov head off: the speculators `dflash` runtime reads slots one position later
     assert (cfg["speculators_model_type"], cfg["markov_rank"], cfg["enable_confidence_head"]) == ("dspark", 0, False)
     assert cfg["sample_from_anchor"] is True and cfg["torch_dtype"] == "bfloat16"
     assert {t.dtype for t in load_file(str(tmp_path / "v" / "model.safetensors")).values()} == {torch.bfloat16}
+    loaded = load_drafter(ckpt, target).eval()
     back = import_draft(tmp_path / "v", target)
     assert back.algorithm == "dflash"
-    _same_blocks(load_drafter(ckpt, target).eval(), back, target)
-    with pytest.raises(ExportUnsupported, match="markov_rank > 0"):
-        export_draft(ckpt, tmp_path / "sg", "sglang", target=target)
-    assert not (tmp_path / "sg").exists()
+    same_blocks(loaded, back, target)
+    # SGLang's DSpark needs markov_rank > 0: a rank-1 head of zeros adds exactly nothing
+    res = export_draft(ckpt, tmp_path / "sg", "sglang", target=target, target_path=TINY)
+    cfg = json.loads((tmp_path / "sg" / "config.json").read_text())
+    assert (cfg["markov_rank"], cfg["dflash_config"]["markov_rank"], cfg["enable_confidence_head"]) == (1, 1, False)
+    w = load_file(str(tmp_path / "sg" / "model.safetensors"))
+    assert not w["markov_head.markov_w1.weight"].any() and not w["markov_head.markov_w2.weight"].any()
+    assert any("rank-1 Markov head of zeros" in x for x in res.warnings)
+    back = import_draft(tmp_path / "sg", target)
+    assert back.algorithm == "dflash" and back.cfg.sequential_head == "none"
+    same_blocks(loaded, back, target)
 
 
-def test_rnn_head_to_vllm_refused_unless_dropped(target, tmp_path):
-    d = _trained(target, "dspark", sequential_head="rnn", seed=3)
-    ckpt = _save(d, tmp_path / "ckpt")
-    with pytest.raises(ExportUnsupported, match="allow-drop-heads"):
-        export_draft(ckpt, tmp_path / "v", "vllm", target=target)
-    assert not (tmp_path / "v").exists()
+def test_rnn_head_to_vllm_is_written_with_a_serving_note(target, tmp_path):
+    d = trained(target, "dspark", sequential_head="rnn", seed=3)
+    ckpt = save(d, tmp_path / "ckpt")
+    res = export_draft(ckpt, tmp_path / "v", "vllm", target=target, target_path=TINY)
+    assert not res.dropped and res.verified["engine_max_abs_diff"] < 1e-4
+    cfg = json.loads((tmp_path / "v" / "config.json").read_text())
+    assert (cfg["markov_rank"], cfg["markov_head_type"], cfg["enable_confidence_head"]) == (8, "rnn", True)
+    card = (tmp_path / "v" / "README.md").read_text()
+    assert "vLLM 0.34 serves the vanilla Markov head only" in card and "SGLang" in card
+    back = import_draft(tmp_path / "v", target)
+    assert back.cfg.sequential_head == "rnn"
+    same_blocks(d, back, target)
+
+
+def test_confidence_head_without_sequential_head_refused_unless_dropped(target, tmp_path):
+    d = trained(target, "dspark", sequential_head="none", seed=3)
+    ckpt = save(d, tmp_path / "ckpt")
+    for fmt in ("vllm", "sglang"):
+        with pytest.raises(ExportUnsupported, match="draft.confidence_head=false") as e:
+            export_draft(ckpt, tmp_path / fmt, fmt, target=target)
+        assert "allow-drop-heads" in str(e.value) and not (tmp_path / fmt).exists()
     res = export_draft(ckpt, tmp_path / "v", "vllm", target=target, allow_drop_heads=True)
     assert res.dropped and "reimport_max_abs_diff" not in res.verified
-    card = (tmp_path / "v" / "README.md").read_text()
-    assert "[!WARNING]" in card and "RNN sequential head" in card
+    assert "[!WARNING]" in (tmp_path / "v" / "README.md").read_text()
     cfg = json.loads((tmp_path / "v" / "config.json").read_text())
     assert (cfg["markov_rank"], cfg["enable_confidence_head"]) == (0, False)
     assert not any(k.startswith(("markov_head", "confidence_head"))
@@ -145,13 +137,13 @@ def test_rnn_head_to_vllm_refused_unless_dropped(target, tmp_path):
                                                  mask_token_id=d.mask_token_id))
     missing, _ = backbone.load_state_dict(d.state_dict(), strict=False)
     assert not missing
-    _same_blocks(backbone.eval(), import_draft(tmp_path / "v", target), target)
+    same_blocks(backbone.eval(), import_draft(tmp_path / "v", target), target)
 
 
 def test_native_eagle3_only_hf(target, tmp_path):
     """The native Eagle3 layout exports only to hf (engine layout: tests/unit/test_export_eagle3.py)."""
-    d = _trained(target, "eagle3", seed=4, ttt_steps=2)
-    ckpt = _save(d, tmp_path / "ckpt")
+    d = trained(target, "eagle3", seed=4, ttt_steps=2)
+    ckpt = save(d, tmp_path / "ckpt")
     for fmt in ("vllm", "sglang"):
         with pytest.raises(ExportUnsupported, match="in_proj") as e:
             export_draft(ckpt, tmp_path / fmt, fmt, target=target)
@@ -168,7 +160,7 @@ def test_hf_model_card_lists_run_and_tau(target, tmp_path):
     ckpt = run / "checkpoints" / "step_5"
     cfg = load_config(["target.path=tiny:llama", "target.dtype=float32", "target.layer_ids=[1,2]",
                        "data.source=jsonl", "data.path=/data/prompts.jsonl"])
-    _save(_trained(target, "dspark"), ckpt, to_yaml(cfg))
+    save(trained(target, "dspark"), ckpt, to_yaml(cfg))
     (run / "eval").mkdir(parents=True)
     (run / "eval" / "results.json").write_text(json.dumps(
         {"gamma": 4, "overall": {"tau": 3.217, "acceptance_rate": 0.61}, "speed": {"speedup": 1.9},
@@ -183,19 +175,19 @@ def test_hf_model_card_lists_run_and_tau(target, tmp_path):
 
 
 def test_export_refuses_other_target_and_bad_embeddings(target, tmp_path):
-    ckpt = _save(_trained(target, "dspark"), tmp_path / "ckpt")
+    ckpt = save(trained(target, "dspark"), tmp_path / "ckpt")
     with pytest.raises(ExportError, match="different target"):
-        export_draft(ckpt, tmp_path / "v", "vllm", target=_target("tiny:llama:seed=1"))
-    gemma = _target("tiny:gemma3")               # scales its input embeddings by sqrt(hidden)
-    g_ckpt = _save(_trained(gemma, "dspark"), tmp_path / "g")
+        export_draft(ckpt, tmp_path / "v", "vllm", target=tiny_target("tiny:llama:seed=1"))
+    gemma = tiny_target("tiny:gemma3")               # scales its input embeddings by sqrt(hidden)
+    g_ckpt = save(trained(gemma, "dspark"), tmp_path / "g")
     with pytest.raises(ExportUnsupported, match="scales its input embeddings"):
         export_draft(g_ckpt, tmp_path / "gv", "vllm", target=gemma)
     assert not (tmp_path / "v").exists() and not (tmp_path / "gv").exists()
 
 
 def test_self_check_and_import_catch_broken_exports(target, tmp_path):
-    d = _trained(target, "dspark", sequential_head="markov", seed=6)
-    ckpt = _save(d, tmp_path / "ckpt")
+    d = trained(target, "dspark", sequential_head="markov", seed=6)
+    ckpt = save(d, tmp_path / "ckpt")
     out = tmp_path / "v"
     export_draft(ckpt, out, "vllm", target=target)
     w = load_file(str(out / "model.safetensors"))
@@ -211,109 +203,33 @@ def test_self_check_and_import_catch_broken_exports(target, tmp_path):
 
 
 def test_cli_export_exit_codes(target, tmp_path, capsys):
-    ckpt = _save(_trained(target, "dspark", sequential_head="rnn"), tmp_path / "ckpt")
+    ckpt = save(trained(target, "dspark", sequential_head="rnn"), tmp_path / "ckpt")
     tgt = ["--target-path", TINY, "target.dtype=float32", "--target", "layer_ids=[1,2]"]
     assert export_main(["--to", "sglang", str(ckpt), str(tmp_path / "sg"), *tgt]) == 0
     assert "self-check" in capsys.readouterr().out
-    assert export_main(["--to", "vllm", str(ckpt), str(tmp_path / "v"), *tgt]) == 3
-    assert "allow-drop-heads" in capsys.readouterr().err
+    ablation = save(trained(target, "dspark", anchor_feature=True), tmp_path / "ablation")
+    assert export_main(["--to", "vllm", str(ablation), str(tmp_path / "v"), *tgt]) == 3
+    assert "retrain with draft.anchor_feature=false" in capsys.readouterr().err.lower()
     assert export_main(["--to", "sglang", str(ckpt), str(tmp_path / "sg"), *tgt]) == 2     # exists, no --force
     assert "exists" in capsys.readouterr().err
 
 
-# -- reduced draft vocabularies (draft.vocab_size = N): d2t / t2d ------------------------------------------------
-N_DRAFT = 100
-
-
-def _pruned(target, algorithm, seed=0, **kw):
-    """A trained-looking drafter scoring N_DRAFT random target tokens (token 0 and the last one included)."""
-    d = _trained(target, algorithm, seed=seed, vocab_size=N_DRAFT, **kw)
-    g = torch.Generator().manual_seed(seed + 11)
-    rest = torch.randperm(target.vocab_size - 2, generator=g)[:N_DRAFT - 2] + 1
-    ids = torch.cat([torch.tensor([0, target.vocab_size - 1]), rest]).sort().values
-    d.set_draft_vocab(ids)
-    return d, ids
-
-
-def _same_proposals(a, b, target, temperature):
-    from deepspec.decoding.warp import make_warp
-    batch = probe_batch(target, a.cfg.gamma, seed=5)
-    ids, feats = batch["input_ids"][0], batch["features"][0]
-    warp = make_warp(temperature)
-    p1 = a.propose(a.init_state(ids[:6], feats[:6]), int(ids[6]), a.cfg.gamma, warp, torch.Generator().manual_seed(4))
-    p2 = b.propose(b.init_state(ids[:6], feats[:6]), int(ids[6]), b.cfg.gamma, warp, torch.Generator().manual_seed(4))
-    assert torch.equal(p1.tokens, p2.tokens) and torch.equal(p1.probs, p2.probs)
-    return p1
-
-
-@pytest.mark.parametrize("algorithm, kw", [("dspark", {"sequential_head": "markov"}), ("dflash", {})])
-def test_vllm_reduced_vocabulary_round_trip(target, tmp_path, algorithm, kw):
-    """speculators/vLLM: draft_vocab_size = N, d2t [N] (target id = draft id + d2t), t2d [V], lm_head = the
-    target's rows of the draft vocabulary, Markov W2 over N rows; re-import gives the same logits and proposals."""
-    V = target.vocab_size
-    d, ids = _pruned(target, algorithm, **kw)
-    ckpt = _save(d, tmp_path / "ckpt")
-    out = tmp_path / "vllm"
-    res = export_draft(ckpt, out, "vllm", target=target, target_path=TINY)
-    cfg = json.loads((out / "config.json").read_text())
-    assert validate(cfg, SCHEMAS["speculators_dspark"]) == []
-    assert cfg["draft_vocab_size"] == N_DRAFT and cfg["transformer_layer_config"]["vocab_size"] == V
-    w = load_file(str(out / "model.safetensors"))
-    assert w["d2t"].dtype == torch.int64 and w["d2t"].shape == (N_DRAFT,)
-    assert torch.equal(torch.arange(N_DRAFT) + w["d2t"], ids)
-    assert w["t2d"].dtype == torch.bool and w["t2d"].shape == (V,) and int(w["t2d"].sum()) == N_DRAFT
-    assert bool(w["t2d"][ids].all())
-    assert torch.equal(w["lm_head.weight"], target.lm_head.weight.detach()[ids])
-    assert torch.equal(w["lm_head.weight"], target.lm_head.weight.detach()[w["t2d"]])   # speculators' construction
-    assert "draft_vocab" not in w and not any(k.startswith("embed_tokens") for k in w)
-    if algorithm == "dspark":
-        assert w["markov_head.markov_w2.weight"].shape == (N_DRAFT, 8)
-        assert w["markov_head.markov_w1.weight"].shape == (V, 8)         # embeds the previous *target* token
-    assert res.verified["reimport_max_abs_diff"] == 0.0 and res.verified["reference_max_abs_diff"] < 1e-4
-    back = import_draft(out, target)
-    assert back.algorithm == algorithm and back.cfg.vocab_size == N_DRAFT and torch.equal(back.draft_vocab, ids)
-    batch = _same_blocks(d, back, target)
-    # the independent engine forward (reads lm_head / d2t by the engine names) places logits at target ids
-    eng = EngineDraft.from_dir(out)
-    anchors = [int(a) for a in batch["anchors"][0]]
-    logits, _ = eng.block_logits(batch["features"][0], batch["input_ids"][0], anchors, target.embed,
-                                 target.logits_from_hidden)
-    assert logits.shape[-1] == V and torch.isinf(logits[..., ~w["t2d"]]).all()
-    torch.testing.assert_close(logits[..., ids], d.block_logits(batch)["logits"][0], atol=1e-4, rtol=1e-4)
-    for temperature in (0.0, 1.0):
-        prop = _same_proposals(d, back, target, temperature)
-        assert set(prop.tokens.tolist()) <= set(ids.tolist()) and (prop.probs[:, ~w["t2d"]] == 0).all()
-    # hf round trip: the vocabulary travels in model.safetensors
-    res = export_draft(ckpt, tmp_path / "hf", "hf", target=target)
-    assert res.verified["reimport_max_abs_diff"] == 0.0
-    assert torch.equal(import_draft(tmp_path / "hf", target).draft_vocab, ids)
-
-
-def test_sglang_refuses_a_reduced_vocabulary(target, tmp_path, capsys):
-    d, _ = _pruned(target, "dspark", sequential_head="rnn", seed=1)
-    ckpt = _save(d, tmp_path / "ckpt")
-    with pytest.raises(ExportUnsupported, match=r"draft.vocab_size=100.*draft.vocab_size=null") as e:
-        export_draft(ckpt, tmp_path / "sg", "sglang", target=target)
-    assert "d2t" in str(e.value) and not (tmp_path / "sg").exists()
-    tgt = ["--target-path", TINY, "target.dtype=float32", "--target", "layer_ids=[1,2]"]
-    assert export_main(["--to", "sglang", str(ckpt), str(tmp_path / "sg"), *tgt]) == 3
-    assert "draft.vocab_size=null" in capsys.readouterr().err
-
-
-@pytest.mark.parametrize("cfg_edit, w_edit, needle", [
-    (None, lambda w: w["d2t"].__setitem__(5, w["d2t"][6] + 1), "strictly increasing"),
-    (None, lambda w: w.update(d2t=w["d2t"][:-1]), r"d2t has shape \[99\], draft_vocab_size is 100"),
-    (lambda c: c.update(draft_vocab_size=99), None, r"d2t has shape \[100\], draft_vocab_size is 99"),
-    (None, lambda w: w.update(d2t=w["d2t"] + 10**6), "outside the target vocabulary"),
-    (None, lambda w: w["t2d"].__setitem__(w["t2d"].nonzero()[3], False), "t2d marks 99 target tokens"),
-    (None, lambda w: w.pop("d2t"), "there is no d2t"),
-    (None, lambda w: w.pop("lm_head.weight"), "needs lm_head.weight"),
-    (None, lambda w: w["lm_head.weight"].mul_(2), "lm_head.weight differs from the target's LM head rows"),
-])
-def test_import_refuses_bad_vocabulary_maps(target, tmp_path, edited_draft, cfg_edit, w_edit, needle):
-    d, _ = _pruned(target, "dflash", seed=3)
-    ckpt = _save(d, tmp_path / "ckpt")
-    export_draft(ckpt, tmp_path / "v", "vllm", target=target, verify=False)
-    bad = edited_draft(tmp_path / "v", tmp_path / "bad", cfg_edit, w_edit)
-    with pytest.raises(ImportUnsupported, match=needle):
-        import_draft(bad, target)
+def test_engine_exports_refuse_a_mask_token_that_is_a_real_token(target, tmp_path):
+    """A mask token that is the end-of-turn token (engines stop a block at it) or an ordinary token is refused,
+    naming the id to retrain with; every setting at fault is named in one refusal."""
+    from deepspec.targets.mask_token import choose_mask_token, target_tokens
+    best = choose_mask_token(*target_tokens(target))[0]
+    eos = target.tokenizer.eos_token_id
+    for mask, needle in ((eos, "stop token"), (100, "ordinary vocabulary token")):
+        ckpt = save(trained(target, "dspark", mask_token_id=mask), tmp_path / f"m{mask}")
+        for fmt in ("vllm", "sglang"):
+            with pytest.raises(ExportUnsupported, match=needle) as e:
+                export_draft(ckpt, tmp_path / f"{fmt}{mask}", fmt, target=target)
+            assert f"Retrain with draft.mask_token_id={best} to export it" in str(e.value)
+            assert not (tmp_path / f"{fmt}{mask}").exists()
+        export_draft(ckpt, tmp_path / f"hf{mask}", "hf", target=target)        # our own engine takes any mask
+    both = save(trained(target, "dspark", mask_token_id=eos, anchor_feature=True), tmp_path / "both")
+    with pytest.raises(ExportUnsupported) as e:
+        export_draft(both, tmp_path / "v", "vllm", target=target)
+    assert f"Retrain with draft.anchor_feature=false draft.mask_token_id={best} to export it" in str(e.value)
+    assert {p[0] for p in e.value.problems} == {"draft.anchor_feature=true", f"draft.mask_token_id={eos}"}

@@ -6,7 +6,7 @@ import torch
 
 from deepspec.export import mapping
 from deepspec.export.errors import SchemaError
-from deepspec.export.parallel import SGLANG_DSPARK, SPECULATORS_DSPARK
+from deepspec.export.parallel_schemas import SGLANG_DSPARK, SPECULATORS_DSPARK, sglang_problems
 from deepspec.export.schemas import check, validate
 
 
@@ -30,16 +30,31 @@ def speculators_cfg():
 
 
 def sglang_cfg():
-    return {**_layer(), "architectures": ["Qwen3DSparkModel"],
-            "dflash_config": {"block_size": 4, "mask_token_id": 4, "target_layer_ids": [1, 2]},
-            "num_target_layers": 4, "markov_rank": 8, "markov_head_type": "rnn", "enable_confidence_head": True,
-            "confidence_head_with_markov": True}
+    heads = {"markov_rank": 8, "markov_head_type": "rnn", "enable_confidence_head": True,
+             "confidence_head_with_markov": True}
+    return {**_layer(), "architectures": ["DSparkDraftModel"], "block_size": 4,
+            "dflash_config": {"block_size": 4, "mask_token_id": 4, "target_layer_ids": [1, 2], "attention_mode": "gqa",
+                              **heads},
+            "num_target_layers": 4, **heads}
 
 
 def test_valid_configs_pass():
     assert validate(speculators_cfg(), SPECULATORS_DSPARK) == []
     check(speculators_cfg(), "speculators_dspark")
     check(sglang_cfg(), "sglang_dspark")
+    assert sglang_problems(sglang_cfg()) == []
+
+
+def test_sglang_schema_wants_the_heads_in_both_places():
+    cfg = sglang_cfg()
+    cfg["architectures"] = ["Qwen3DSparkModel"]             # SpecForge's registry does not hold this name
+    del cfg["dflash_config"]["markov_head_type"]
+    problems = validate(cfg, SGLANG_DSPARK)
+    assert any("'DSparkDraftModel'" in p for p in problems)
+    assert any("dflash_config: missing required key 'markov_head_type'" in p for p in problems)
+    cfg = sglang_cfg()
+    cfg["dflash_config"]["markov_rank"] = 4
+    assert sglang_problems(cfg) == ["dflash_config.markov_rank=4 but markov_rank=8"]
 
 
 @pytest.mark.parametrize("mutate, needle", [
@@ -97,18 +112,22 @@ def test_parameter_table_round_trip_and_transpose():
     assert not any(k.startswith(("markov_head", "confidence_head")) for k in dropped)
 
 
-def test_parameter_table_refuses_unknown_and_flags_unrepresentable():
+def test_parameter_table_refuses_unknown_and_names_the_unservable_settings():
     with pytest.raises(KeyError, match="layers.0.attn.new_thing"):
         mapping.to_engine({"layers.0.attn.new_thing": torch.zeros(1)})
     with pytest.raises(KeyError, match="mystery"):
         mapping.from_engine({"mystery.weight": torch.zeros(1)})
-    bad = mapping.unrepresentable(["in_proj.weight", "out_proj.weight", "conf_head.w1.weight", "norm.weight",
-                                   "anchor_proj.fc.weight", "anchor_proj.norm.weight"])
-    assert set(bad) == {"in_proj.weight", "out_proj.weight", "conf_head.w1.weight", "anchor_proj.fc.weight",
-                        "anchor_proj.norm.weight"}
-    assert "anchor_feature" in bad["anchor_proj.fc.weight"]
-    assert mapping.unrepresentable(["context.fc.weight", "context.norm.weight"]) == {}   # the published map
-    assert "head_embedding" in mapping.unrepresentable(["head.w1_proj.weight"])["head.w1_proj.weight"]
+    keys = ["in_proj.weight", "out_proj.weight", "conf_head.w1.weight", "norm.weight", "anchor_proj.fc.weight",
+            "anchor_proj.norm.weight", "head.w1_proj.weight"]
+    found = {cause: fix for cause, fix, _ in mapping.unservable(keys, {"hidden_size": 32})}
+    assert found == {"draft.hidden_size=32": "draft.hidden_size=null",          # in_proj and out_proj: one setting
+                     "draft.confidence_head=true with draft.sequential_head=none": "draft.confidence_head=false",
+                     "draft.anchor_feature=true": "draft.anchor_feature=false",
+                     "draft.head_embedding=target": "draft.head_embedding=table"}
+    # at the target's width an input projection comes from the embed_proj ablation
+    assert [c for c, _, _ in mapping.unservable(["in_proj.weight"], {})] == ["draft.embed_proj=true"]
+    # the published context map is exportable
+    assert mapping.unservable(["context.fc.weight", "context.norm.weight", "norm.weight"], {}) == []
 
 
 def test_target_flag_values_become_hydra_overrides():

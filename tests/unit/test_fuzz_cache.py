@@ -21,8 +21,9 @@ from hypothesis import strategies as st
 from deepspec.cache import CacheError, CacheReader
 from deepspec.cache import cli
 from deepspec.cache.format import BUILD_INFO, INDEX, MANIFEST, shard_name, sidecar_name
-from deepspec.prepare import build_cache, finalize_cache
-from deepspec.prepare.synthetic import write_regen_jsonl
+from deepspec.cache.writer import build_cache
+from deepspec.cache.finalize import finalize_cache
+from tests.support.synthetic import write_regen_jsonl
 from deepspec.config import load_config
 from deepspec.targets import load_target
 

@@ -79,6 +79,9 @@ class _RecordingTarget:
         self.calls.append((tuple(ids.shape), seen))
         return self.inner.decode(ids, past_key_values=past_key_values)
 
+    def rollback(self, cache, length):
+        return self.inner.rollback(cache, length)
+
 
 def test_profile_flat_and_requests_bookkeeping():
     pytest.importorskip("torch")

@@ -1,8 +1,6 @@
-"""bench/verify_batched.py: the real-forward replay is the simulator's replay (no timing asserts)."""
-import importlib.util
+"""bench/decode_cost.py batched (bench/schedule_replay.py): the real-forward replay is the simulator's replay
+(no timing asserts)."""
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,16 +11,15 @@ from deepspec.schedule.rollouts import synthetic_rollouts, write_rollouts
 from deepspec.schedule.simulator import simulate
 from conftest import make_tiny_target
 
-REPO = Path(__file__).resolve().parents[2]
+
+@pytest.fixture
+def vb(bench_module):
+    return bench_module("schedule_replay")
 
 
-@pytest.fixture(scope="module")
-def vb():
-    spec = importlib.util.spec_from_file_location("verify_batched", REPO / "bench" / "verify_batched.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["verify_batched"] = mod   # dataclasses resolve the module by name
-    spec.loader.exec_module(mod)
-    return mod
+@pytest.fixture
+def cli(bench_module):
+    return lambda argv: bench_module("decode_cost").main(["batched", *argv])
 
 
 def rollouts_file(tmp_path, gamma=4, with_tokens=True):
@@ -92,9 +89,9 @@ def test_bad_rollouts_name_file_and_line(vb, tmp_path):
         vb.check_vocab(traces, 512, tmp_path / "vocab.jsonl")
 
 
-def test_cli_end_to_end(vb, tmp_path, one_thread):
+def test_cli_end_to_end(cli, tmp_path, one_thread):
     out = tmp_path / "vb.json"
-    assert vb.main(["--target", "tiny:llama", "--rollouts", str(rollouts_file(tmp_path)), "--steps", "2",
+    assert cli(["--target", "tiny:llama", "--rollouts", str(rollouts_file(tmp_path)), "--steps", "2",
                     "--concurrency", "1", "2", "--threads", "1", "--context-len", "8", "--profile-sizes", "1", "5",
                     "--repeats", "1", "--warmup", "1", "--out", str(out)]) == 0
     d = json.loads(out.read_text())
@@ -104,11 +101,11 @@ def test_cli_end_to_end(vb, tmp_path, one_thread):
     assert "from the rollout log" in d["note"] and out.with_suffix(".md").exists()
 
 
-def test_cli_per_r_profile(vb, tmp_path, one_thread):
+def test_cli_per_r_profile(cli, tmp_path, one_thread):
     """--per-r-profile: a table per concurrency R, its predictions for the same forwards, and a
     scheduler replay that decides with it."""
     out = tmp_path / "vb.json"
-    assert vb.main(["--target", "tiny:llama", "--rollouts", str(rollouts_file(tmp_path)), "--steps", "2",
+    assert cli(["--target", "tiny:llama", "--rollouts", str(rollouts_file(tmp_path)), "--steps", "2",
                     "--concurrency", "2", "--threads", "1", "--context-len", "8", "--profile-sizes", "1", "5",
                     "--repeats", "1", "--warmup", "0", "--per-r-profile", "--out", str(out)]) == 0
     d = json.loads(out.read_text())

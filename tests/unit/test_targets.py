@@ -95,3 +95,27 @@ def test_tiny_spec_parsing():
     assert parse_tiny_spec("Qwen/Qwen3-4B") is None
     with pytest.raises(ValueError):
         parse_tiny_spec("tiny:llama:depth=3")
+
+
+def test_plain_chat_template_for_base_models(tmp_path):
+    from deepspec.config import TargetConfig
+    from deepspec.targets import encode_chat, load_target
+    from deepspec.targets.chat import PLAIN_TEMPLATE, resolve_template
+    from deepspec.targets.tiny import tiny_tokenizer
+    tok = tiny_tokenizer("llama")
+    tok.chat_template = None                     # a base model's tokenizer
+    with pytest.raises(ChatTemplateError, match="no chat template .* set target.chat_template=plain"):
+        encode_chat(tok, CONV)
+    tok.chat_template = resolve_template("plain")
+    enc = encode_chat(tok, CONV[1:3])
+    assert enc.text == "### User:\nWhat is 12 times 7?\n\n### Assistant:\nIt is 84.\n\n"
+    assert tok.decode([i for i, m in zip(enc.input_ids, enc.loss_mask) if m]) == "It is 84.\n\n"
+    with pytest.raises(ChatTemplateError, match="target.chat_template='chatml': not a built-in template"):
+        resolve_template("chatml")
+    jinja = tmp_path / "t.jinja"
+    jinja.write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    assert resolve_template(str(jinja)) == jinja.read_text()
+    plain = load_target(TargetConfig(path="tiny:llama", chat_template="plain", device="cpu"))
+    own = load_target(TargetConfig(path="tiny:llama", device="cpu"))
+    assert plain.tokenizer.chat_template == PLAIN_TEMPLATE
+    assert plain.fingerprint()["chat_template_sha256"] != own.fingerprint()["chat_template_sha256"]

@@ -28,8 +28,8 @@ def _overrides(tmp: Path):
           "draft.vocab_size": 128, "data.regen_path": tmp / "regen.jsonl", "data.max_length": 96,
           "cache.dir": tmp / "cache", "cache.shard_samples": 8, "train.strategy": "single",
           "train.global_batch_sequences": 4, "train.micro_batch_sequences": 2, "train.anchors_per_sequence": 6,
-          "train.max_steps": 2, "train.save_every": 1, "train.eval_every": 1, "train.heldout_fraction": 0.2,
-          "train.bf16": "false", "train.max_length": 80, "train.keep_last": 0, "train.tensorboard": "false"}
+          "train.max_steps": 2, "train.save_every": 1, "train.eval_every": 1, "data.heldout_fraction": 0.2,
+          "train.bf16": "false", "train.keep_last": 0, "train.tensorboard": "false"}
     return [f"{k}={v}" for k, v in kw.items()]
 
 
@@ -37,8 +37,8 @@ def _overrides(tmp: Path):
 def run(tmp_path_factory):
     """A cache of 20 synthetic conversations and 2 training steps on it (checkpoint and held-out eval each step)."""
     from deepspec.config import load_config
-    from deepspec.prepare import build_cache
-    from deepspec.prepare.synthetic import write_regen_jsonl
+    from deepspec.cache.writer import build_cache
+    from tests.support.synthetic import write_regen_jsonl
     from deepspec.targets import load_target
     from deepspec.train.loop import run as train
     n = torch.get_num_threads()
@@ -167,15 +167,14 @@ def test_refusals_name_the_file_and_change_nothing(run, tmp_path, capsys):
 @pytest.fixture(scope="module")
 def eval_results(run, eval_data_dir):
     """A greedy `deepspec eval` of step_2 (one gsm8k prompt, 8 new tokens)."""
-    from deepspec.config import config_from_yaml, to_object
+    from deepspec.config import config_from_yaml, with_overrides
     from deepspec.eval.runner import run as evaluate
-    from omegaconf import OmegaConf
     tmp, run_dir, _ = run
     cfg = config_from_yaml(run_dir / "run.yaml")
     dots = [f"eval.checkpoint={run_dir / 'checkpoints' / 'step_2'}", f"eval.out_dir={tmp / 'eval'}",
             f"eval.data_dir={eval_data_dir}", "eval.benchmarks=[gsm8k]", "eval.max_samples=1",
             "eval.max_new_tokens=8", "eval.temperature=0", "eval.progress=false", "eval.warmup=false"]
-    evaluate(to_object(OmegaConf.merge(OmegaConf.structured(cfg), OmegaConf.from_dotlist(dots))))
+    evaluate(with_overrides(cfg, dots))
     return tmp / "eval" / "results.json"
 
 
@@ -203,9 +202,8 @@ def test_eval_check_records_greedy_tau_and_refuses_another_checkpoints_eval(run,
 
 
 def test_eval_of_the_shipped_bf16_weights_is_a_check_of_them(run, eval_data_dir, tmp_path):
-    from deepspec.config import config_from_yaml, to_object
+    from deepspec.config import config_from_yaml, with_overrides
     from deepspec.eval.runner import run as evaluate
-    from omegaconf import OmegaConf
     _, run_dir, _ = run
     root = tmp_path / "shipped"
     assert _ship(run_dir, root) == 0
@@ -213,7 +211,7 @@ def test_eval_of_the_shipped_bf16_weights_is_a_check_of_them(run, eval_data_dir,
             f"eval.data_dir={eval_data_dir}", "eval.benchmarks=[gsm8k]", "eval.max_samples=1",
             "eval.max_new_tokens=8", "eval.temperature=0", "eval.progress=false", "eval.warmup=false"]
     cfg = config_from_yaml(run_dir / "run.yaml")
-    evaluate(to_object(OmegaConf.merge(OmegaConf.structured(cfg), OmegaConf.from_dotlist(dots))))
+    evaluate(with_overrides(cfg, dots))
     assert _ship(run_dir, root, "--eval-check", str(tmp_path / "eval" / "results.json")) == 0
     check = json.loads((root / "tiny-dspark" / "provenance.json").read_text())["eval_check"]
     assert check["evaluated"] == "these bfloat16 weights" and check["greedy_identical_to_target"] == "1/1"
@@ -241,17 +239,16 @@ def test_an_online_run_reports_the_same_data_as_the_cache_of_its_conversations(r
 
 
 def test_a_calibration_fitted_on_the_drafts_rollouts_ships_beside_it(run, eval_results, tmp_path, capsys):
-    from deepspec.config import config_from_yaml, to_object
+    from deepspec.config import config_from_yaml, with_overrides
     from deepspec.drafts import load_drafter
     from deepspec.schedule.calibrate import run as calibrate
     from deepspec.schedule.calibration import Calibration, find_calibration
     from deepspec.schedule.rollouts import synthetic_rollouts, write_rollouts
-    from omegaconf import OmegaConf
     tmp, run_dir, target = run
     rollouts = eval_results.parent / "rollouts.jsonl"
     cfg = config_from_yaml(run_dir / "run.yaml")
     dots = [f"schedule.rollouts={rollouts}", f"eval.out_dir={tmp_path / 'cal'}"]
-    calibrate(to_object(OmegaConf.merge(OmegaConf.structured(cfg), OmegaConf.from_dotlist(dots))))
+    calibrate(with_overrides(cfg, dots))
     fitted = tmp_path / "cal" / "calibration" / "calibration.json"
     root = tmp_path / "shipped"
     assert _ship(run_dir, root, "--calibration", str(fitted)) == 0, capsys.readouterr().err
@@ -272,8 +269,7 @@ def test_a_calibration_fitted_on_the_drafts_rollouts_ships_beside_it(run, eval_r
     assert _ship(run_dir, root, "--calibration", str(tmp_path / "g5.json")) == 2
     assert f"{tmp_path / 'g5.json'}: calibrated for γ = 5" in capsys.readouterr().err
     write_rollouts(tmp_path / "syn.jsonl", synthetic_rollouts(n_requests=4, gamma=3, seed=0))
-    calibrate(to_object(OmegaConf.merge(OmegaConf.structured(cfg), OmegaConf.from_dotlist(
-        [f"schedule.rollouts={tmp_path / 'syn.jsonl'}", f"eval.out_dir={tmp_path / 'syn'}"]))))
+    calibrate(with_overrides(cfg, [f"schedule.rollouts={tmp_path / 'syn.jsonl'}", f"eval.out_dir={tmp_path / 'syn'}"]))
     assert _ship(run_dir, root, "--calibration", str(tmp_path / "syn" / "calibration")) == 2
     assert "synthetic rollouts" in capsys.readouterr().err
     (tmp_path / "junk.json").write_text("[1, 2]")
@@ -284,7 +280,7 @@ def test_a_calibration_fitted_on_the_drafts_rollouts_ships_beside_it(run, eval_r
 
 def test_a_run_on_a_union_of_caches_reports_the_data_of_all_of_them(run, tmp_path, capsys):
     from deepspec.config import load_config
-    from deepspec.prepare import build_cache
+    from deepspec.cache.writer import build_cache
     from deepspec.train.loop import run as train
     tmp, cached_run, target = run
     lines = (tmp / "regen.jsonl").read_text().splitlines(keepends=True)

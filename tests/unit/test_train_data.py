@@ -33,14 +33,20 @@ class ListSource:
 
 
 def test_split_heldout_deterministic_disjoint():
-    tr, ho = split_heldout(100, 0.1, seed=3)
-    assert len(ho) == 10 and not set(tr) & set(ho) and sorted(tr + ho) == list(range(100))
-    assert (tr, ho) == split_heldout(100, 0.1, seed=3)
-    assert ho != split_heldout(100, 0.1, seed=4)[1]
-    assert split_heldout(10, 0.0, 0) == (list(range(10)), [])
-    assert len(split_heldout(10, 0.01, 0)[1]) == 1        # a nonzero fraction keeps at least one
-    with pytest.raises(ValueError):
-        split_heldout(10, 1.0, 0)
+    """The trainer's held-out sequences are the data split's (a seeded hash of each sample id): stable under
+    reordering, disjoint, and the ids that regeneration wrote to heldout.jsonl."""
+    from deepspec.data.split import is_heldout
+    ids = [f"s{i}" for i in range(400)]
+    tr, ho = split_heldout(ids, 0.1, seed=3)
+    assert 20 < len(ho) < 60 and not set(tr) & set(ho) and sorted(tr + ho) == list(range(400))
+    assert {ids[i] for i in ho} == {s for s in ids if is_heldout(s, 0.1, 3)}
+    assert (tr, ho) == split_heldout(ids, 0.1, seed=3)
+    assert ho != split_heldout(ids, 0.1, seed=4)[1]
+    rev = split_heldout(ids[::-1], 0.1, seed=3)[1]                # the same ids, whatever their order
+    assert {ids[::-1][i] for i in rev} == {ids[i] for i in ho}
+    assert split_heldout(ids[:10], 0.0, 0) == (list(range(10)), [])
+    with pytest.raises(ValueError, match="data.heldout_fraction"):
+        split_heldout(ids, 1.0, 0)
 
 
 def test_batch_size_divisibility_error_is_clear():
