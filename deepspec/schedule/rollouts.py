@@ -77,6 +77,9 @@ class RolloutRecord:
 
     @classmethod
     def from_json(cls, d: Dict[str, Any]) -> "RolloutRecord":
+        if (d.get("meta") or {}).get("tree") is not None:
+            raise ValueError("a draft-tree round: calibration and the scheduler read chain rollouts "
+                             "(run deepspec eval with eval.decoding=chain)")
         known = {"request_id", "round", "confidence", "accepted", "verified", "draft_tokens", "meta"}
         extra = {k: v for k, v in d.items() if k not in known}
         meta = dict(d.get("meta") or {})

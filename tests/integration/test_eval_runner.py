@@ -190,6 +190,9 @@ def test_eval_defaults_to_the_drafters_best_lossless_setting(tmp_path, eval_data
         assert summary["greedy_check"]["compared"] == summary["greedy_check"]["matched"] == 4
     rolls = _read_jsonl(tmp_path / "eval" / "rollouts.jsonl")
     assert rolls and all(r["meta"]["tree"] == [16, width] and r["meta"]["lookup"] == [3, 1] for r in rolls)
+    from deepspec.schedule.rollouts import read_rollouts      # the calibration reads chain rollouts only
+    with pytest.raises(ValueError, match="draft-tree round.*eval.decoding=chain"):
+        read_rollouts(tmp_path / "eval" / "rollouts.jsonl")
 
 
 @pytest.mark.parametrize("draft,extra", [("dspark", ()), ("dspark", ("eval.tree_nodes=6", "eval.tree_width=2")),

@@ -173,7 +173,8 @@ def eval_results(run, eval_data_dir):
     cfg = config_from_yaml(run_dir / "run.yaml")
     dots = [f"eval.checkpoint={run_dir / 'checkpoints' / 'step_2'}", f"eval.out_dir={tmp / 'eval'}",
             f"eval.data_dir={eval_data_dir}", "eval.benchmarks=[gsm8k]", "eval.max_samples=1",
-            "eval.max_new_tokens=8", "eval.temperature=0", "eval.progress=false", "eval.warmup=false"]
+            "eval.max_new_tokens=8", "eval.temperature=0", "eval.decoding=chain", "eval.progress=false",
+            "eval.warmup=false"]
     evaluate(with_overrides(cfg, dots))
     return tmp / "eval" / "results.json"
 
@@ -209,7 +210,8 @@ def test_eval_of_the_shipped_bf16_weights_is_a_check_of_them(run, eval_data_dir,
     assert _ship(run_dir, root) == 0
     dots = [f"eval.checkpoint={root / 'tiny-dspark'}", f"eval.out_dir={tmp_path / 'eval'}",
             f"eval.data_dir={eval_data_dir}", "eval.benchmarks=[gsm8k]", "eval.max_samples=1",
-            "eval.max_new_tokens=8", "eval.temperature=0", "eval.progress=false", "eval.warmup=false"]
+            "eval.max_new_tokens=8", "eval.temperature=0", "eval.decoding=chain", "eval.progress=false",
+            "eval.warmup=false"]
     cfg = config_from_yaml(run_dir / "run.yaml")
     evaluate(with_overrides(cfg, dots))
     assert _ship(run_dir, root, "--eval-check", str(tmp_path / "eval" / "results.json")) == 0
