@@ -222,6 +222,9 @@ def test_tree_loop_is_lossless_with_a_real_drafter(tiny_qwen3, algo):
         out = tree_generate(t, d, prompt, gamma=4, nodes=12, width=3, max_new_tokens=16, warp=GREEDY, eos_token_ids=[])
         assert out.tokens == base
         assert all(r.proposed <= 12 for r in out.rounds) and all(r.proposed >= 1 for r in out.rounds[:-1])
+        looked = tree_generate(t, d, prompt, gamma=4, nodes=12, width=3, max_new_tokens=16, warp=GREEDY,
+                               eos_token_ids=[], lookup=(3, 1))
+        assert looked.tokens == base and all(r.proposed <= 12 for r in looked.rounds)
         # a tree of width 1 and γ nodes is the greedy chain: the same rounds as chain verification
         chain = speculative_generate(t, d, prompt, gamma=4, max_new_tokens=16, warp=GREEDY, eos_token_ids=[])
         one = tree_generate(t, d, prompt, gamma=4, nodes=4, width=1, max_new_tokens=16, warp=GREEDY, eos_token_ids=[])
