@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import List, Literal, Optional
 
 
 @dataclass
@@ -20,12 +20,10 @@ class EvalConfig:
     # Drop tokens below min_p × the most likely token's probability (after top-k/top-p); 0 = off.
     min_p: float = 0.0
     gamma: Optional[int] = None
-    # Verify only the prefix whose cumulative confidence stays above this (None = off).
-    confidence_threshold: Optional[float] = None
     # auto | chain | tree.  auto: what is set below, else the loaded drafter's documented best lossless
     # setting for greedy / sampled decoding (`deepspec.decoding.settings`); chain: verify γ drafts per round;
     # tree: draft trees (the drafter's default fills the tree keys left unset).
-    decoding: str = "auto"
+    decoding: Literal["auto", "chain", "tree"] = "auto"
     # Verify a draft tree of at most this many nodes per round instead of a chain of γ drafts
     # (`deepspec.decoding.tree_loop`, greedy or sampled).  None = the drafter's default (auto) or chains.
     tree_nodes: Optional[int] = None

@@ -14,6 +14,7 @@ differ from them, applied before the user's own overrides.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import typing
 from pathlib import Path
@@ -28,6 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 from .schema import DeepSpecConfig
 from .typed import ConfigError, build, omegaconf_schema
 
+log = logging.getLogger(__name__)
 GROUPS = ("target", "draft", "data", "cache", "train", "eval", "schedule", "engine")
 
 
@@ -196,11 +198,30 @@ def save_config(cfg, out_dir: str | os.PathLike, name: str = "resolved_config.ya
     return path
 
 
+# Keys that resolved configs written by earlier versions may hold, and what replaced them.  Reading such a
+# config (a run's run.yaml, to evaluate or export its checkpoints) drops them, with a warning where they held
+# a value; composing a new config with one is an unknown-key error as usual.
+REMOVED_KEYS = {"eval.confidence_threshold": "schedule.policy=threshold and schedule.threshold",
+                "train.heldout_fraction": "data.heldout_fraction (one split, by sample id)",
+                "train.max_length": "data.max_length"}
+
+
+def _drop_removed(doc: dict, path) -> None:
+    for dotted, replacement in REMOVED_KEYS.items():
+        section, key = dotted.split(".")
+        node = doc.get(section)
+        if isinstance(node, dict) and key in node:
+            value = node.pop(key)
+            if value is not None:
+                log.warning("%s: %s=%r is no longer a key (now %s); ignored", path, dotted, value, replacement)
+
+
 def config_from_yaml(path: str | os.PathLike) -> DeepSpecConfig:
     """Re-load a resolved config written by `save_config` (validated)."""
-    raw = OmegaConf.load(str(path))
+    raw = OmegaConf.to_container(OmegaConf.load(str(path)))
     try:
-        check_keys(OmegaConf.to_container(raw), DeepSpecConfig)
-        return to_object(raw)
+        _drop_removed(raw, path)
+        check_keys(raw, DeepSpecConfig)
+        return to_object(OmegaConf.create(raw))
     except Exception as e:
         raise ConfigError(f"{path}: {e}") from e

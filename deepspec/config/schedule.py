@@ -30,7 +30,7 @@ class ScheduleConfig:
     rollouts: Optional[str] = None
     # Verification-length policy for eval: fixed | threshold | scheduler.
     policy: Literal["fixed", "threshold", "scheduler"] = "fixed"
-    # Threshold on calibrated cumulative confidence (policy=threshold); None = eval.confidence_threshold.
+    # policy=threshold: verify the longest prefix whose calibrated cumulative confidence stays above this.
     threshold: Optional[float] = None
     # calibration.json to apply; None = {eval.checkpoint}/calibration.json if present.
     calibration: Optional[str] = None

@@ -59,8 +59,8 @@ def build_policy(cfg, target=None):
     """(policy, calibration temperatures or None) for eval.
 
     Uses `deepspec.schedule.prefix_scheduler.policy_from_config`: fixed γ by default,
-    a threshold on the (STS-calibrated) cumulative confidence when
-    ``eval.confidence_threshold`` is set, or the prefix scheduler (``schedule.policy``)."""
+    a threshold on the (STS-calibrated) cumulative confidence (``schedule.policy=threshold``,
+    ``schedule.threshold``), or the prefix scheduler (``schedule.policy=scheduler``)."""
     policy = policy_from_config(cfg, target)
     cal = getattr(policy, "calibration", None)
     if cal is None:

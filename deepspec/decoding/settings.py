@@ -6,7 +6,7 @@
   the sampling mode (`Drafter.decoding_defaults`: eval keys per ``greedy`` / ``sampled``, chosen from
   measurements on the tuning prompts; none = chains).  Any tree key the user sets (``eval.tree_nodes``,
   ``eval.tree_width``, ``eval.lookup_ngram``) is kept and the drafter's default fills the others (without
-  a tree size from either, only a prompt lookup is refused: it needs a tree); a verification-length policy (``schedule.policy``, ``eval.confidence_threshold``) alone means chains; a
+  a tree size from either, only a prompt lookup is refused: it needs a tree); a verification-length policy (``schedule.policy``) alone means chains; a
   target or drafter that cannot verify trees falls back to chains.
 * ``chain``: verify γ drafts per round (``eval.tree_nodes`` and a prompt lookup are refused).
 * ``tree``: draft trees with the tree keys, the drafter's default filling the unset ones.
@@ -120,7 +120,7 @@ def tree_setting(cfg, target, drafter, policy, warp) -> Optional[TreeSetting]:
         lookup = (ngram, min_ngram)
     if getattr(policy, "name", None) != "fixed":
         raise ConfigError(f"eval.tree_nodes: the tree replaces the verification-length policy; "
-                          f"schedule.policy={cfg.schedule.policy} / eval.confidence_threshold cannot be combined with it")
+                          f"schedule.policy={cfg.schedule.policy} cannot be combined with it")
     if not getattr(drafter, "drafts_trees", False):
         name = getattr(drafter, "algorithm", type(drafter).__name__)
         raise ConfigError(f"eval.tree_nodes: the {name} drafter drafts chains only; tree verification needs a "

@@ -34,6 +34,7 @@ from typing import Callable, List, Optional, Protocol, Union, runtime_checkable
 
 import numpy as np
 
+from ..config import ConfigError
 from .calibration import Calibration, cumulative, find_calibration, threshold_lengths
 from .cost_model import load_sps_table
 from .profile import SPSTable
@@ -250,7 +251,7 @@ def make_policy(kind: str, *, calibration: Optional[Calibration] = None, thresho
         return FixedLengthPolicy(length)
     if kind == "threshold":
         if threshold is None:
-            raise ValueError("threshold policy needs a threshold (schedule.threshold or eval.confidence_threshold)")
+            raise ValueError("schedule.policy=threshold needs schedule.threshold")
         return ThresholdPolicy(threshold, calibration)
     if kind == "scheduler":
         if sps_table is None:
@@ -262,18 +263,16 @@ def make_policy(kind: str, *, calibration: Optional[Calibration] = None, thresho
 def policy_from_config(cfg, target=None, calibration: Optional[Calibration] = None) -> ConfidencePolicy:
     """The verification policy for eval.
 
-    ``schedule.policy``: "fixed" (default; but if ``eval.confidence_threshold`` is set it
-    means "threshold"), "threshold" (``schedule.threshold`` or ``eval.confidence_threshold``)
-    or "scheduler" (``schedule.sps_table``, a table or an SPS(R, B) grid, or a profile of
+    ``schedule.policy``: "fixed" (default), "threshold" (``schedule.threshold``) or "scheduler" (``schedule.sps_table``, a table or an SPS(R, B) grid, or a profile of
     ``target``; read through its convex hull when ``schedule.sps_convex``).  Calibration:
     the given one, else ``schedule.calibration`` (a JSON path), else
     ``{eval.checkpoint}/calibration.json`` if present, else none (raw confidences).
     """
     sc = cfg.schedule
     kind = sc.policy
-    thr = sc.threshold if sc.threshold is not None else cfg.eval.confidence_threshold
-    if kind == "fixed" and cfg.eval.confidence_threshold is not None:
-        kind = "threshold"
+    thr = sc.threshold
+    if kind != "threshold" and thr is not None:
+        raise ConfigError(f"schedule.threshold={thr} is read by schedule.policy=threshold only (the policy is {kind!r})")
     if calibration is None:
         calibration = Calibration.load(sc.calibration) if sc.calibration else find_calibration(cfg.eval.checkpoint)
     table = load_sps_table(cfg, target) if kind == "scheduler" else None

@@ -81,7 +81,7 @@ def test_eval_checkpoint_with_calibration_and_threshold(tmp_path, eval_data_dir)
     torch.manual_seed(0)
     build_drafter(target, base.draft).save_pretrained(ckpt)
     Calibration(temperatures=[2.0, 2.0, 2.0], gamma=3).save(ckpt)
-    cfg = _cfg(tmp_path, eval_data_dir, f"eval.checkpoint={ckpt}", "eval.confidence_threshold=0.2",
+    cfg = _cfg(tmp_path, eval_data_dir, f"eval.checkpoint={ckpt}", "schedule.policy=threshold", "schedule.threshold=0.2",
                "eval.benchmarks=[gsm8k]", f"eval.out_dir={tmp_path / 'ev2'}")
     run(cfg)
     res = json.loads((tmp_path / "ev2" / "results.json").read_text())
@@ -167,7 +167,7 @@ def test_eval_tree_verification(tmp_path, eval_data_dir):
     rolls = _read_jsonl(tmp_path / "eval" / "rollouts.jsonl")
     assert rolls and all(r["proposed"] <= 6 and len(r["draft_tokens"]) == r["accepted"] for r in rolls)
     assert all(r["meta"]["tree"] == [6, 2] and r["confidence"] is None for r in rolls)
-    for i, (extra, match) in enumerate([("eval.confidence_threshold=0.5", "cannot be combined"),
+    for i, (extra, match) in enumerate([("schedule.policy=scheduler", "cannot be combined"),
                                         ("eval.tree_width=0", "must be ≥ 1"),
                                         ("eval.decoding=chain", "eval.decoding=chain verifies chains"),
                                         ("draft.algorithm=target_as_draft", "target_as_draft drafter drafts chains only"),

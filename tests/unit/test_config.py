@@ -129,3 +129,16 @@ def test_typed_config_round_trips_through_yaml_and_overrides(tmp_path):
     again = config_from_yaml(save_config(cfg, tmp_path))
     assert again == cfg and again.draft.sequential_head == "rnn"
     assert with_overrides(cfg, ["cache.codec=fp8"]).cache.codec == "fp8"
+
+
+def test_resolved_configs_of_earlier_versions_drop_removed_keys(tmp_path, caplog):
+    from deepspec.config import config_from_yaml, load_config, save_config
+    path = save_config(load_config([]), tmp_path)
+    text = path.read_text().replace("\neval:\n", "\neval:\n  confidence_threshold: null\n")
+    text = text.replace("\ntrain:\n", "\ntrain:\n  heldout_fraction: 0.05\n  max_length: 1024\n")
+    path.write_text(text)
+    assert config_from_yaml(path) == load_config([])
+    assert "train.heldout_fraction=0.05 is no longer a key" in caplog.text
+    assert "confidence_threshold" not in caplog.text              # it held no value: nothing to say
+    with pytest.raises(ConfigError, match="eval.confidence_threshold"):
+        load_config(["eval.confidence_threshold=0.5"])            # a new config with it is still an error

@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 
+from deepspec.config import ConfigError
 from deepspec.schedule.calibration import Calibration, cumulative
 from deepspec.schedule.prefix_scheduler import (FixedLengthPolicy, PrefixSchedulerPolicy, ThresholdPolicy,
                                                 admission_order, expected_throughput, make_policy,
@@ -131,7 +132,10 @@ def test_policy_from_config(tmp_path):
     from deepspec.schedule.prefix_scheduler import policy_from_config
     cfg = DeepSpecConfig()
     assert isinstance(policy_from_config(cfg), FixedLengthPolicy)
-    cfg.eval.confidence_threshold = 0.3
+    cfg.schedule.threshold = 0.3
+    with pytest.raises(ConfigError, match="schedule.threshold=0.3 is read by schedule.policy=threshold only"):
+        policy_from_config(cfg)
+    cfg.schedule.policy = "threshold"
     p = policy_from_config(cfg)
     assert isinstance(p, ThresholdPolicy) and p.threshold == 0.3 and p.calibration is None
     ck = tmp_path / "ck"
@@ -140,7 +144,8 @@ def test_policy_from_config(tmp_path):
     cfg.eval.checkpoint = str(ck)
     assert policy_from_config(cfg).calibration.temperatures == [2.0, 2.0]
     synthetic_gpu_table().save(tmp_path / "sps.json")
-    cfg.schedule.policy, cfg.schedule.sps_table = "scheduler", str(tmp_path / "sps.json")
+    cfg.schedule.policy, cfg.schedule.threshold = "scheduler", None
+    cfg.schedule.sps_table = str(tmp_path / "sps.json")
     p = policy_from_config(cfg)
     assert isinstance(p, PrefixSchedulerPolicy) and isinstance(p.sps_table, SPSTable)
 
