@@ -44,7 +44,7 @@ def available_drafters() -> List[str]:
 
 
 def drafter_class(name: str) -> type:
-    """The class registered under ``name`` (e.g. to ask it ``is_reference``: a drafter with nothing to train)."""
+    """The class registered under ``name`` (e.g. to ask it ``model_free``: a drafter with nothing to train)."""
     return _lookup(name)[0]
 
 

@@ -10,7 +10,6 @@ import torch
 from ..config import ConfigError
 from ..drafts.registry import build_drafter, load_drafter
 from ..targets.loader import resolve_dtype
-from . import reference_drafters  # noqa: F401  (registers the reference drafters)
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +45,7 @@ def load_eval_drafter(cfg, target) -> Tuple[Any, Dict[str, Any]]:
         source = str(ckpt)
     else:
         drafter = build_drafter(target, cfg.draft)
-        reference = getattr(drafter, "is_reference", False)
+        reference = getattr(drafter, "model_free", False)
         if not reference:
             log.warning("eval.checkpoint is not set: evaluating a RANDOMLY INITIALISED %s drafter "
                         "(τ will be close to 1)", cfg.draft.algorithm)

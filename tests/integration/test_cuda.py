@@ -33,7 +33,7 @@ def _cuda_target(family="llama", **kw):
 
 @pytest.mark.parametrize("family", ["llama", "qwen3", "gemma3"])
 def test_greedy_speculative_equals_target_decode_on_cuda(family):
-    from deepspec.eval.reference_drafters import TargetAsDraft
+    from deepspec.drafts.model_free import TargetAsDraft
     from deepspec.decoding.chain import speculative_generate
     from deepspec.decoding.loop import target_generate
     from deepspec.config.draft import DraftConfig

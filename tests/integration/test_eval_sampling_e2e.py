@@ -7,11 +7,11 @@ import itertools
 import pytest
 import torch
 
-from deepspec.eval.reference_drafters import FixedDistributionDraft
+from tests.support.drafters import FixedDistributionDraft
 from deepspec.decoding.warp import make_warp
 from deepspec.decoding.chain import speculative_generate
 from deepspec.decoding.tree_loop import tree_generate
-from deepspec.eval.stats import chi_square_gof, total_variation
+from tests.support.stats import chi_square_gof, total_variation
 
 V, N_TOK, GAMMA = 6, 3, 2
 MAX_NEW = N_TOK + 1   # lets round 1 verify both drafts (the budget caps ℓ at max_new − len − 1)

@@ -54,7 +54,7 @@ def test_plain_prompt_format(gemma):
 def test_chains_and_trees_past_the_window_are_lossless(gemma):
     """A prompt longer than the 512-token window: chain verification (the target drafting for itself, so
     whole drafts are accepted) and trees with prompt lookup (a base model repeats, the lookup copies)."""
-    from deepspec.eval.reference_drafters import NoDraft, TargetAsDraft
+    from deepspec.drafts.model_free import NoDraft, TargetAsDraft
     from deepspec.decoding.warp import make_warp
     from deepspec.decoding.chain import speculative_generate
     from deepspec.decoding.loop import target_generate

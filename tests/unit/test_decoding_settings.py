@@ -9,7 +9,7 @@ from deepspec.decoding.policy import FixedLengthPolicy
 from deepspec.decoding.settings import TreeSetting, drafter_default, tree_setting
 from deepspec.decoding.warp import make_warp
 from deepspec.drafts import build_drafter
-from deepspec.eval.reference_drafters import NoDraft, TargetAsDraft
+from deepspec.drafts.model_free import NoDraft, TargetAsDraft
 
 GREEDY, SAMPLED = make_warp(0.0), make_warp(1.0)
 

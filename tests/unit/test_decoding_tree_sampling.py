@@ -16,7 +16,7 @@ from deepspec.decoding.lookup import NgramIndex, graft
 from deepspec.decoding.tree import grow_tree
 from deepspec.decoding.tree_accept import accept_tree_sampling, proposal_law
 from deepspec.decoding.warp import make_warp
-from deepspec.eval.stats import chi_square_gof, total_variation
+from tests.support.stats import chi_square_gof, total_variation
 
 V, N_TOK = 5, 3
 P_MIN = 1e-3

@@ -4,7 +4,7 @@ import random
 import torch
 
 from deepspec.decoding.acceptance import residual_distribution, verify, verify_greedy, verify_sampling
-from deepspec.eval.stats import chi_square_gof, total_variation
+from tests.support.stats import chi_square_gof, total_variation
 
 P_MIN = 1e-3   # seeded: a fixed draw, but keep the bar meaningful
 

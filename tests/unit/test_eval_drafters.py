@@ -8,18 +8,13 @@ from deepspec.config.draft import DraftConfig
 from deepspec.decoding.warp import make_warp
 from deepspec.decoding.chain import speculative_generate
 from deepspec.decoding.loop import target_generate
-
-registry = pytest.importorskip("deepspec.drafts.registry")
+from deepspec.drafts import registry
 GAMMA = 3
 
 
 def _learned_drafters():
-    try:
-        import deepspec.eval.reference_drafters  # noqa: F401  (the reference drafters register themselves)
-        return [n for n in registry.available_drafters()
-                if not getattr(registry.drafter_class(n), "is_reference", False)]
-    except Exception as e:  # the drafts package is still being written
-        pytest.skip(f"drafter registry unavailable: {e}")
+    import tests.support.drafters  # noqa: F401  (registers fixed_distribution_draft)
+    return [n for n in registry.available_drafters() if not getattr(registry.drafter_class(n), "model_free", False)]
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ import pytest
 
 from deepspec.eval.metrics import (acceptance_metrics, cumulative_confidence_points, macro_average, reliability,
                                    speed_metrics, threshold_sweep)
-from deepspec.eval.stats import chi_square_gof, total_variation
+from tests.support.stats import chi_square_gof, total_variation
 
 
 def R(acc, prop=4, conf=None, drafted=None):

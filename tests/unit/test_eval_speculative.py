@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from conftest import make_tiny_target
-from deepspec.eval.reference_drafters import FixedDistributionDraft, TargetAsDraft
+from deepspec.drafts.model_free import TargetAsDraft
+from tests.support.drafters import FixedDistributionDraft
 from deepspec.decoding.warp import make_warp
 from deepspec.decoding.chain import speculative_generate
 from deepspec.decoding.loop import target_generate

@@ -237,7 +237,7 @@ def test_tree_refuses_recurrent_layers_and_chain_only_drafters(tiny_llama):
     with pytest.raises(ValueError, match="linear_attention layers carry a recurrent state"):
         tree_generate(nx, build_drafter(nx, DraftConfig(algorithm="dflash", gamma=3, num_layers=1)).eval(),
                       [5, 6, 7], gamma=3, nodes=4, width=2, max_new_tokens=4, warp=GREEDY)
-    from deepspec.eval.reference_drafters import TargetAsDraft
+    from deepspec.drafts.model_free import TargetAsDraft
     with pytest.raises(NotImplementedError, match="drafts chains only"):
         tree_generate(t, TargetAsDraft(t, gamma=3), [5, 6, 7], gamma=3, nodes=4, width=2, max_new_tokens=4, warp=GREEDY)
 
@@ -264,7 +264,7 @@ def test_tree_loop_with_prompt_lookup_is_lossless_and_accepts_copied_tokens(fami
 
 
 def test_no_draft_alone_is_plain_decoding_and_with_lookup_is_prompt_lookup_decoding(tiny_llama):
-    from deepspec.eval.reference_drafters import NoDraft
+    from deepspec.drafts.model_free import NoDraft
     t = tiny_llama
     prompt = encode_prompt(t.tokenizer, [{"role": "user", "content": "What is 12 times 7?"}])
     base = target_generate(t, prompt, max_new_tokens=30, warp=GREEDY, eos_token_ids=[]).tokens

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from conftest import make_tiny_target
-from deepspec.eval.reference_drafters import TargetAsDraft
+from deepspec.drafts.model_free import TargetAsDraft
 from deepspec.decoding.warp import make_warp
 from deepspec.decoding.chain import speculative_generate
 from deepspec.decoding.loop import target_generate

@@ -1,20 +1,17 @@
-"""Reference drafters: real drafters with known acceptance, for tests and upper bounds.
+"""Drafters without trained weights: the baselines a trained draft is measured against.
 
-- `TargetAsDraft` (registered as ``target_as_draft``) runs the target itself
-  autoregressively with its own KV cache.  With ``logit_scale=1`` it is the oracle:
-  under greedy decoding it drafts exactly the target's tokens (τ = γ + 1 per round),
-  under sampling q = p (every draft accepted).  ``logit_scale=-1`` drafts the target's
-  *least* likely token (always rejected in greedy mode: τ = 1); other scales give
-  deliberately poor drafts for the losslessness tests.
-- `FixedDistributionDraft` proposes i.i.d. tokens from one fixed distribution
-  (uniform by default) without running any model: the cheapest poor draft.
-- `NoDraft` (``no_draft``) proposes nothing: chains verify the anchor alone (plain decoding through
-  the speculative loop), and trees are empty, so with ``eval.lookup_ngram`` a round verifies only
-  the prompt-lookup chain: prompt-lookup decoding with no draft model, the baseline that tells
-  what a draft adds to the lookup.
+- `NoDraft` (``draft.algorithm=no_draft``) proposes nothing: chains verify the anchor alone (plain
+  decoding through the speculative loop) and trees are empty, so with ``eval.lookup_ngram`` a round
+  verifies only the prompt-lookup chain: prompt-lookup decoding with no draft model, the baseline that
+  tells what a draft adds to the lookup.
+- `TargetAsDraft` (``draft.algorithm=target_as_draft``) runs the target itself autoregressively with its
+  own KV cache.  With ``logit_scale=1`` it is the oracle: under greedy decoding it drafts exactly the
+  target's tokens (τ = γ + 1 per round), under sampling q = p (every draft accepted) — the upper bound of
+  any draft.  ``logit_scale=-1`` drafts the target's *least* likely token (always rejected greedily: τ = 1).
 
-They implement only the decoding API of the contract (``init_state / propose / advance``, and
-``tree_expansion`` for `NoDraft`); they have no trainable weights.
+Both implement only the decoding API of the contract (``init_state / propose / advance``, and
+``tree_expansion`` for `NoDraft`); `ModelFreeDrafter` is their base (nothing to train, lives on the
+target's device).
 """
 from __future__ import annotations
 
@@ -24,12 +21,12 @@ from typing import List, Optional
 
 import torch
 
-from deepspec.config.draft import DraftConfig
-from deepspec.drafts.base import Drafter, Proposal
-from deepspec.drafts.checkpoint import coerce_draft_config
-from deepspec.drafts.registry import register_drafter
+from ..config.draft import DraftConfig
+from .base import Drafter, Proposal
+from .checkpoint import coerce_draft_config
+from .registry import register_drafter
 
-__all__ = ["TargetAsDraft", "FixedDistributionDraft", "NoDraft", "Proposal"]
+__all__ = ["ModelFreeDrafter", "NoDraft", "TargetAsDraft"]
 
 
 @dataclass
@@ -40,9 +37,9 @@ class _TargetDraftState:
     pending: List[int] = field(default_factory=list)  # verified tokens not yet in the cache
 
 
-class _ReferenceDrafter(Drafter):
+class ModelFreeDrafter(Drafter):
     """No trainable weights: nothing to train, lives on the target's device."""
-    is_reference = True
+    model_free = True
 
     def __init__(self, target, cfg: Optional[DraftConfig] = None, *, gamma: Optional[int] = None,
                  algorithm: str = ""):
@@ -69,12 +66,12 @@ class _ReferenceDrafter(Drafter):
         return cls(target, cfg, **kw)
 
     def forward(self, batch):
-        raise NotImplementedError(f"{type(self).__name__} is a reference drafter for evaluation; "
-                                  "it has nothing to train")
+        raise NotImplementedError(f"{type(self).__name__} has no trained weights; it drafts for evaluation "
+                                  "only and has nothing to train")
 
 
 @register_drafter("target_as_draft")
-class TargetAsDraft(_ReferenceDrafter):
+class TargetAsDraft(ModelFreeDrafter):
     """The target drafting for itself (optionally with scaled logits)."""
 
     def __init__(self, target, cfg: Optional[DraftConfig] = None, *, gamma: Optional[int] = None,
@@ -125,38 +122,8 @@ class TargetAsDraft(_ReferenceDrafter):
         state.fed = []
 
 
-@register_drafter("fixed_distribution_draft")
-class FixedDistributionDraft(_ReferenceDrafter):
-    """Drafts i.i.d. tokens from ``warp(log(dist))`` (uniform when ``dist`` is None)."""
-
-    def __init__(self, target, cfg: Optional[DraftConfig] = None, *, gamma: Optional[int] = None,
-                 dist: Optional[torch.Tensor] = None, confidence: float = 0.5):
-        super().__init__(target, cfg, gamma=gamma, algorithm="fixed_distribution_draft")
-        v = self.vocab_size
-        d = torch.full((v,), 1.0 / v) if dist is None else torch.as_tensor(dist, dtype=torch.float32).cpu()
-        if d.shape != (v,) or (d < 0).any() or d.sum() <= 0:
-            raise ValueError("dist must be a non-negative vector over the vocabulary")
-        self.dist = d / d.sum()
-        self.const_confidence = float(confidence)
-
-    def init_state(self, input_ids, features=None):
-        return {"device": torch.as_tensor(input_ids).device}
-
-    @torch.inference_mode()
-    def propose(self, state, anchor: int, gamma: int, warp, generator=None) -> Proposal:
-        dev = state["device"] if generator is None else generator.device
-        q = warp(torch.log(self.dist.to(dev)))
-        qs = q.expand(int(gamma), -1).contiguous()
-        toks = torch.multinomial(qs, 1, replacement=True, generator=generator).reshape(-1) if gamma else \
-            torch.zeros(0, dtype=torch.long, device=dev)
-        return Proposal(tokens=toks, probs=qs, confidence=torch.full((int(gamma),), self.const_confidence))
-
-    def advance(self, state, tokens, features=None):
-        return None
-
-
 @register_drafter("no_draft")
-class NoDraft(_ReferenceDrafter):
+class NoDraft(ModelFreeDrafter):
     """Proposes no token: an empty chain, an empty tree."""
     drafts_trees = True
     # eval.decoding=auto: prompt-lookup decoding (n ≤ 3, the n-gram chosen on the tuning prompts; 2026-12-05,
