@@ -26,7 +26,7 @@ from typing import Callable, Dict, Optional, Sequence, Tuple
 import torch
 
 # Logits per chunk (rows × V): 2M fp32 values = 8 MB per vocabulary-sized temporary (measured at
-# issue 26's config on one CPU thread: 1<<22 0.86 s/step, 1<<21 0.94 s, 1<<20 1.26 s; peak RSS falls with it).
+# the SmolLM2 DSpark training config on one CPU thread: 1<<22 0.86 s/step, 1<<21 0.94 s, 1<<20 1.26 s; peak RSS falls with it).
 LOGITS_PER_CHUNK = 1 << 21
 # On a GPU 64M (256 MB): ~16x fewer chunks, i.e. fewer small kernels and autograd calls per step.
 LOGITS_PER_CHUNK_CUDA = 1 << 26
