@@ -92,10 +92,85 @@ def same_values(drafter, state: Dict[str, torch.Tensor]) -> List[str]:
     return bad + [k for k in state if k in own and not torch.equal(own[k].to(state[k].dtype).cpu(), state[k])]
 
 
-def ship(args: argparse.Namespace, argv: Sequence[str]) -> Path:
-    from deepspec.config import config_from_yaml
+def cast_drafter(ck: Path, target):
+    """The checkpoint's drafter with its trained weights cast to bfloat16: (drafter, raw weights, cast weights)."""
     from deepspec.drafts import load_drafter
     from deepspec.drafts.checkpoint import load_weights
+
+    drafter = load_drafter(ck, target)                       # fingerprint, shapes and draft vocabulary checked
+    raw = load_weights(ck, "cpu")
+    weights = bf16(raw)
+    drafter.to(torch.bfloat16).load_state_dict(weights, strict=True)
+    return drafter, raw, weights
+
+
+def read_calibration(arg: Optional[str], gamma: int):
+    """(calibration file, its record) for ``--calibration`` (a file or a directory holding one); Nones without."""
+    cal_file = Path(arg) if arg else None
+    if cal_file is not None and cal_file.is_dir():
+        cal_file = cal_file / CALIBRATION_FILENAME
+    calib = calibration_record(cal_file, gamma) if cal_file is not None else None
+    return cal_file, calib
+
+
+def heldout_rows_or_warn(run_dir: Path, meta: Dict) -> List:
+    """The run's held-out eval rows up to the checkpoint's step; warns when there are none."""
+    rows = heldout_rows(run_dir, int(meta["step"]))
+    if not rows:
+        print(f"ship_draft: warning: {run_dir / 'metrics.jsonl'} has no held-out eval rows up to step "
+              f"{meta['step']}; the card says so", file=sys.stderr)
+    return rows
+
+
+def load_hint(target_name: str, name: str, out: Path, default_root: bool) -> str:
+    """How the model card tells a reader to load the shipped draft."""
+    if default_root and SHIPPED_FOR_TARGET.get(target_name) == name:
+        return (f'`deepspec.drafts.load_drafter(deepspec.paths.shipped_draft_dir("{target_name}"), target)`; '
+                "`deepspec demo` evaluates it beside the draft it trains")
+    if default_root:
+        return f'`deepspec.drafts.load_drafter(deepspec.paths.SHIPPED_DIR / "{name}", target)`'
+    return f'`deepspec.drafts.load_drafter("{display(out)}", target)`'
+
+
+def remove_stale(root: Path, name: str) -> None:
+    """Temp directories of ``name`` left under ``root`` by a ship that was killed mid-way."""
+    for stale in root.glob(f".{name}.ship-*"):
+        print(f"ship_draft: removing {stale}, left by an interrupted ship", file=sys.stderr)
+        shutil.rmtree(stale)
+
+
+def write_extras(tmp: Path, prov: Dict, cfg, cal_file: Optional[Path], calib, scored, hint: str,
+                 notes: Sequence[str]) -> None:
+    """Beside the saved weights: the calibration (when given), ``provenance.json`` and the ``README.md`` card."""
+    if calib is not None:   # policies read {checkpoint}/calibration.json by default
+        shutil.copyfile(cal_file, tmp / CALIBRATION_FILENAME)
+    (tmp / "provenance.json").write_text(json.dumps(prov, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    card = shipped_card(prov, train_cfg=cfg.train, weights_bytes=(tmp / "model.safetensors").stat().st_size,
+                        heldout_sequences=scored, load_hint=hint, notes=notes)
+    (tmp / "README.md").write_text(card, encoding="utf-8")
+
+
+def verify_shipment(tmp: Path, target, weights: Dict[str, torch.Tensor], root: Path, out: Path, name: str,
+                    budget_mb: float):
+    """Make ``tmp`` package-readable, reload it against the cast weights and check the size budget:
+    (bytes of the new draft, bytes of everything else under ``root``)."""
+    from deepspec.drafts import load_drafter
+
+    readable(tmp)
+    bad = same_values(load_drafter(tmp, target), weights)
+    if bad:
+        raise ShipError(f"{tmp / 'model.safetensors'}: reloaded weights differ from the bf16 cast: {bad[:5]}")
+    new, others = tree_bytes(tmp), tree_bytes(root, skip=(tmp, out))
+    budget = budget_mb * 2 ** 20
+    if new + others > budget:
+        raise ShipError(f"{out / 'model.safetensors'}: shipping {name} ({new / 2 ** 20:.2f} MB) would bring "
+                        f"{display(root)} to {(new + others) / 2 ** 20:.2f} MB, over its {budget_mb:g} MB "
+                        f"budget ({others / 2 ** 20:.2f} MB are other shipped drafts); nothing was changed")
+    return new, others
+
+
+def ship(args: argparse.Namespace, argv: Sequence[str]) -> Path:
+    from deepspec.config import config_from_yaml
     from deepspec.targets import load_target
     from deepspec.utils.fs import atomic_dir
 
@@ -110,37 +185,20 @@ def ship(args: argparse.Namespace, argv: Sequence[str]) -> Path:
     out = root / name
 
     target = load_target(cfg.target, device="cpu")
-    drafter = load_drafter(ck, target)                       # fingerprint, shapes and draft vocabulary checked
-    raw = load_weights(ck, "cpu")
-    weights = bf16(raw)
-    drafter.to(torch.bfloat16).load_state_dict(weights, strict=True)
+    drafter, raw, weights = cast_drafter(ck, target)
     check = None
     if args.eval_check:
         check = eval_check(Path(args.eval_check), ck, raw, weights, target.fingerprint())
-    cal_file = Path(args.calibration) if args.calibration else None
-    if cal_file is not None and cal_file.is_dir():
-        cal_file = cal_file / CALIBRATION_FILENAME
-    calib = calibration_record(cal_file, int(cfg.draft.gamma)) if cal_file is not None else None
+    cal_file, calib = read_calibration(args.calibration, int(cfg.draft.gamma))
 
     data = data_stats(cfg, run_dir, target)
     split, scored = heldout_split(cfg, data, meta)
-    rows = heldout_rows(run_dir, int(meta["step"]))
-    if not rows:
-        print(f"ship_draft: warning: {run_dir / 'metrics.jsonl'} has no held-out eval rows up to step "
-              f"{meta['step']}; the card says so", file=sys.stderr)
+    rows = heldout_rows_or_warn(run_dir, meta)
     default_root = root.resolve() == SHIPPED_DIR.resolve()
-    if default_root and SHIPPED_FOR_TARGET.get(cfg.target.name) == name:
-        load_hint = (f'`deepspec.drafts.load_drafter(deepspec.paths.shipped_draft_dir("{cfg.target.name}"), target)`; '
-                     "`deepspec demo` evaluates it beside the draft it trains")
-    elif default_root:
-        load_hint = f'`deepspec.drafts.load_drafter(deepspec.paths.SHIPPED_DIR / "{name}", target)`'
-    else:
-        load_hint = f'`deepspec.drafts.load_drafter("{display(out)}", target)`'
+    hint = load_hint(cfg.target.name, name, out, default_root)
 
     root.mkdir(parents=True, exist_ok=True)
-    for stale in root.glob(f".{name}.ship-*"):              # left by a ship that was killed mid-way
-        print(f"ship_draft: removing {stale}, left by an interrupted ship", file=sys.stderr)
-        shutil.rmtree(stale)
+    remove_stale(root, name)
     with atomic_dir(out, prefix=f".{name}.ship-") as tmp:
         drafter.save_pretrained(tmp)
         saved = json.loads((tmp / "config.json").read_text(encoding="utf-8"))
@@ -149,23 +207,8 @@ def ship(args: argparse.Namespace, argv: Sequence[str]) -> Path:
                           run_dir=run_dir, checkpoint=ck, meta=meta, draft_config=saved["draft"], data=data,
                           data_note=args.data_note, preparation=args.preparation, heldout=rows, split=split,
                           trained=trained_on(run_dir, meta), check=check, calibration=calib)
-        if calib is not None:   # policies read {checkpoint}/calibration.json by default
-            shutil.copyfile(cal_file, tmp / CALIBRATION_FILENAME)
-        (tmp / "provenance.json").write_text(json.dumps(prov, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-        card = shipped_card(prov, train_cfg=cfg.train, weights_bytes=(tmp / "model.safetensors").stat().st_size,
-                            heldout_sequences=scored, load_hint=load_hint, notes=args.card_note)
-        (tmp / "README.md").write_text(card, encoding="utf-8")
-
-        readable(tmp)
-        bad = same_values(load_drafter(tmp, target), weights)
-        if bad:
-            raise ShipError(f"{tmp / 'model.safetensors'}: reloaded weights differ from the bf16 cast: {bad[:5]}")
-        new, others = tree_bytes(tmp), tree_bytes(root, skip=(tmp, out))
-        budget = args.budget_mb * 2 ** 20
-        if new + others > budget:
-            raise ShipError(f"{out / 'model.safetensors'}: shipping {name} ({new / 2 ** 20:.2f} MB) would bring "
-                            f"{display(root)} to {(new + others) / 2 ** 20:.2f} MB, over its {args.budget_mb:g} MB "
-                            f"budget ({others / 2 ** 20:.2f} MB are other shipped drafts); nothing was changed")
+        write_extras(tmp, prov, cfg, cal_file, calib, scored, hint, args.card_note)
+        new, others = verify_shipment(tmp, target, weights, root, out, name, args.budget_mb)
     if default_root and SHIPPED_FOR_TARGET.get(cfg.target.name) != name:
         print(f"ship_draft: note: deepspec/paths.py SHIPPED_FOR_TARGET maps target {cfg.target.name!r} to "
               f"{SHIPPED_FOR_TARGET.get(cfg.target.name)!r}: `deepspec demo` uses {name} only once it maps there",

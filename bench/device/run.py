@@ -29,8 +29,6 @@ import datetime as dt
 import json
 import os
 import platform
-import signal
-import subprocess
 import sys
 import tarfile
 import time
@@ -39,6 +37,7 @@ from typing import Any, Dict, List, Optional
 
 from report import (BEFORE, cache_metrics, eval_metrics, goals, pytest_summary, read_json, regen_metrics,
                     summary_md, train_metrics)
+from stage_runner import Runner
 
 REPO = Path(__file__).resolve().parents[2]
 DRAFTERS = {
@@ -90,78 +89,6 @@ def eval_overrides(sc, work: Path, name: str, ckpt: Optional[str], eval_dir: Pat
     if name != "eagle3":
         out.append(f"draft.num_layers={sc['layers']}")
     return out + ([f"eval.checkpoint={ckpt}"] if ckpt else [])
-
-
-# -- running stages ------------------------------------------------------------------------------------
-class Runner:
-    def __init__(self, work: Path, budget_s: float, record: Dict[str, Any], save, extra_env=None):
-        self.work, self.budget, self.record, self.save = work, budget_s, record, save
-        self.extra_env = dict(extra_env or {})
-        self.current: Optional[subprocess.Popen] = None
-        self.t0 = time.monotonic()
-        (work / "logs").mkdir(parents=True, exist_ok=True)
-        signal.signal(signal.SIGTERM, self._stopped)   # e.g. run.sh's overall `timeout`
-
-    def _stopped(self, signum, frame):
-        """Stopped from outside: end the running stage (its whole group) and keep what was recorded."""
-        if self.current is not None:
-            _kill_group(self.current)
-        self.record.setdefault("stages", {})["_stopped"] = {"status": "stopped",
-                                                           "after_s": round(time.monotonic() - self.t0, 1)}
-        self.save()
-        raise SystemExit(124)
-
-    def left(self) -> float:
-        return self.budget - (time.monotonic() - self.t0)
-
-    def run(self, name: str, cmd: List[str], limit: float, need: float = 0.0) -> Dict[str, Any]:
-        """Run ``cmd`` with ``min(limit, time left)`` seconds; its stdout+stderr go to logs/<name>.log."""
-        st: Dict[str, Any] = {"command": " ".join(cmd[1:]) if cmd[0] == sys.executable else " ".join(cmd)}
-        allowed = min(limit, self.left())
-        if allowed < max(need, 5.0):
-            st.update(status="skipped", reason=f"{self.left():.0f} s left of the budget")
-            self.record["stages"][name] = st
-            self.save()
-            print(f"[device] {name}: skipped ({st['reason']})", flush=True)
-            return st
-        log = self.work / "logs" / f"{name}.log"
-        print(f"[device] {name}: up to {allowed:.0f} s …", flush=True)
-        t = time.monotonic()
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", **self.extra_env}
-        env["PYTHONPATH"] = os.pathsep.join([str(REPO), *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]])
-        with open(log, "w") as f:
-            p = subprocess.Popen(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-            self.current = p
-            try:
-                rc = p.wait(timeout=allowed)
-                status = "ok" if rc == 0 else "failed"
-            except subprocess.TimeoutExpired:
-                # SIGTERM to the stage's own process only: training saves a checkpoint and shuts its DataLoader
-                # workers down itself (a signal to the whole group would kill the workers under it first)
-                os.kill(p.pid, signal.SIGTERM)
-                try:
-                    rc = p.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    rc = None
-                _kill_group(p)
-                rc = p.wait() if rc is None else rc
-                status = "timeout"
-            finally:
-                self.current = None
-        st.update(status=status, returncode=rc, seconds=round(time.monotonic() - t, 2), limit_s=round(allowed, 1))
-        if status != "ok":
-            st["log_tail"] = log.read_text(errors="replace")[-1500:]
-        self.record["stages"][name] = st
-        self.save()
-        print(f"[device] {name}: {status} in {st['seconds']:.1f} s", flush=True)
-        return st
-
-
-def _kill_group(p: subprocess.Popen) -> None:
-    try:
-        os.killpg(p.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def _py(*args: str) -> List[str]:
@@ -279,7 +206,7 @@ def write_tiny_prompts(work: Path, n: int) -> Path:
     return write_regen_jsonl(work / "prompts.jsonl", n, seed=0, max_words=40)
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tiny", action="store_true", default=os.environ.get("TINY", "") not in ("", "0"),
                     help="tiny target and sizes, on the CPU (also TINY=1)")
@@ -294,7 +221,100 @@ def main(argv=None) -> int:
                     help="overall seconds; a stage gets min(its limit, what is left) and is skipped under its need")
     ap.add_argument("--drafters", nargs="*", default=list(DRAFTERS))
     ap.add_argument("--stage", help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def _self_stage(args, stage: str) -> List[str]:
+    """This file run as one of the stages it holds (``--stage``), with the run's work folder and prompts."""
+    base = ["--work", str(Path(args.work)), "--prompts-path", args.prompts_path] + (["--tiny"] if args.tiny else [])
+    return _py(str(Path(__file__).resolve()), "--stage", stage, *base)
+
+
+def run_data_stages(R: Runner, args, sc) -> None:
+    """env, convert (GPU scale), regen, regen_ab and cache, each recorded as it ends."""
+    work, rec, T = R.work, R.record, sc["timeouts"]
+    R.run("env", _self_stage(args, "env"), T["env"])
+    rec["env"] = read_json(work / "env.json")
+    if not args.tiny:
+        R.run("convert", _cli("target", "fetch", "smollm2-135m"), T["convert"])
+    R.run("regen", _self_stage(args, "regen"), T["regen"], need=20)
+    rec["regen"] = regen_metrics(work)
+    R.save()
+    ab_out = work / "regen_ab.json"
+    R.run("regen_ab", _py(str(REPO / "bench" / "regen_throughput.py"), "--target",
+                          "tiny:llama" if args.tiny else "reference:smollm2-135m",
+                          "--device", "cpu" if args.tiny else "cuda", "--threads", "1" if args.tiny else "0",
+                          "--prompts", str(sc["ab_prompts"]), "--batch", str(sc["batch"]),
+                          "--max-new-tokens", str(sc["ab_new_tokens"]), "--loops", "generate", "auto",
+                          "--data", "data.source=jsonl", f"data.path={args.prompts_path}", "--out", str(ab_out)),
+          T["regen_ab"], need=20)
+    rec["regen_ab"] = read_json(ab_out)
+    st = R.run("cache", _cli("prepare", *common(args, sc, work), f"run_dir={work / 'prepare'}"), T["cache"], need=15)
+    rec["cache"] = cache_metrics(work, st.get("seconds"))
+    R.save()
+
+
+def run_train_stages(R: Runner, args, sc) -> None:
+    R.record["train"] = {}
+    for name in args.drafters:
+        R.run(f"train_{name}", _cli("train", *common(args, sc, R.work), *train_overrides(sc, R.work, name)),
+              sc["timeouts"]["train"], need=30)
+        R.record["train"][name] = train_metrics(R.work, name)
+        R.save()
+
+
+def run_eval_stages(R: Runner, args, sc) -> None:
+    """One eval per trained drafter, on the benchmark files when all are there, else on held-out prompts."""
+    work, rec = R.work, R.record
+    if args.eval_data and all((Path(args.eval_data) / f"{b}.jsonl").is_file() for b in EVAL_BENCHES):
+        eval_dir, benches = Path(args.eval_data), EVAL_BENCHES
+    else:
+        eval_dir, benches = write_eval_prompts(work, 2 * sc["eval_samples"] + 2), ["sharegpt"]
+        sc = {**sc, "eval_samples": 2 * sc["eval_samples"] + 2}
+    rec["eval_prompts"] = {"benchmarks": benches, "max_samples": sc["eval_samples"],
+                           "source": "benchmark files" if benches == EVAL_BENCHES else "held-out regeneration prompts"}
+    rec["eval"] = {}
+    for name in args.drafters:
+        ck = rec["train"].get(name, {}).get("checkpoint")
+        if not ck:
+            rec["stages"][f"eval_{name}"] = {"status": "skipped", "reason": "no checkpoint"}
+            continue
+        overrides = eval_overrides(sc, work, name, ck, eval_dir, benches)
+        R.run(f"eval_{name}", _cli("eval", *common(args, sc, work), *overrides), sc["timeouts"]["eval"], need=20)
+        rec["eval"][name] = eval_metrics(work, name)
+        R.save()
+
+
+def run_extra_stages(R: Runner, args, sc) -> None:
+    """cuda_tests (GPU scale) and profile (with dspark), when time is left."""
+    T = sc["timeouts"]
+    if not args.tiny:   # the CUDA-marked tests, when time is left (they skip without a GPU)
+        st = R.run("cuda_tests", _py("-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda",
+                                     "tests/integration/test_cuda.py"), T["cuda_tests"], need=40)
+        R.record["cuda_tests"] = (pytest_summary(R.work / "logs" / "cuda_tests.log")
+                                  if st.get("status") != "skipped" else None)
+    if "dspark" in args.drafters:
+        R.run("profile", _self_stage(args, "profile"), T["profile"], need=25)
+
+
+def write_logs_tar(path: Path, work: Path, drafters: List[str]) -> None:
+    """Stage logs, eval reports, training metrics and small records; never the cache or the regenerated data."""
+    with tarfile.open(path, "w:gz") as tar:
+        for p in sorted((work / "logs").glob("*")):
+            tar.add(p, arcname=f"logs/{p.name}")
+        for name in drafters:
+            for rel in (f"eval/{name}/report.md", f"eval/{name}/results.json", f"runs/{name}/metrics.jsonl",
+                        f"runs/{name}/train.log"):
+                p = work / rel
+                if p.is_file():
+                    tar.add(p, arcname=rel)
+        for rel in ("regen/regen.jsonl.job.json", "regen_ab.json", "cache/manifest.json", "env.json"):
+            if (work / rel).is_file():
+                tar.add(work / rel, arcname=rel)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     if args.stage:
@@ -322,72 +342,13 @@ def main(argv=None) -> int:
     # tiny tensors on a CPU: one thread each (more only spin against each other on a shared machine)
     R = Runner(work, args.budget_s, rec, save,
                {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")} if args.tiny else None)
-    T = sc["timeouts"]
-    me = str(Path(__file__).resolve())
-    base = ["--work", str(work), "--prompts-path", args.prompts_path] + (["--tiny"] if args.tiny else [])
-    common_ov = common(args, sc, work)
-
-    R.run("env", _py(me, "--stage", "env", *base), T["env"])
-    rec["env"] = read_json(work / "env.json")
-    if not args.tiny:
-        R.run("convert", _cli("target", "fetch", "smollm2-135m"), T["convert"])
-    R.run("regen", _py(me, "--stage", "regen", *base), T["regen"], need=20)
-    rec["regen"] = regen_metrics(work)
-    save()
-    ab_out = work / "regen_ab.json"
-    R.run("regen_ab", _py(str(REPO / "bench" / "regen_throughput.py"), "--target",
-                          "tiny:llama" if args.tiny else "reference:smollm2-135m",
-                          "--device", "cpu" if args.tiny else "cuda", "--threads", "1" if args.tiny else "0",
-                          "--prompts", str(sc["ab_prompts"]), "--batch", str(sc["batch"]),
-                          "--max-new-tokens", str(sc["ab_new_tokens"]), "--loops", "generate", "auto",
-                          "--data", "data.source=jsonl", f"data.path={args.prompts_path}", "--out", str(ab_out)),
-          T["regen_ab"], need=20)
-    rec["regen_ab"] = read_json(ab_out)
-    st = R.run("cache", _cli("prepare", *common_ov, f"run_dir={work / 'prepare'}"), T["cache"], need=15)
-    rec["cache"] = cache_metrics(work, st.get("seconds"))
-    save()
-    rec["train"] = {}
-    for name in args.drafters:
-        R.run(f"train_{name}", _cli("train", *common_ov, *train_overrides(sc, work, name)), T["train"], need=30)
-        rec["train"][name] = train_metrics(work, name)
-        save()
-    if args.eval_data and all((Path(args.eval_data) / f"{b}.jsonl").is_file() for b in EVAL_BENCHES):
-        eval_dir, benches = Path(args.eval_data), EVAL_BENCHES
-    else:
-        eval_dir, benches = write_eval_prompts(work, 2 * sc["eval_samples"] + 2), ["sharegpt"]
-        sc = {**sc, "eval_samples": 2 * sc["eval_samples"] + 2}
-    rec["eval_prompts"] = {"benchmarks": benches, "max_samples": sc["eval_samples"],
-                           "source": "benchmark files" if benches == EVAL_BENCHES else "held-out regeneration prompts"}
-    rec["eval"] = {}
-    for name in args.drafters:
-        ck = rec["train"].get(name, {}).get("checkpoint")
-        if not ck:
-            rec["stages"][f"eval_{name}"] = {"status": "skipped", "reason": "no checkpoint"}
-            continue
-        R.run(f"eval_{name}", _cli("eval", *common_ov, *eval_overrides(sc, work, name, ck, eval_dir, benches)),
-              T["eval"], need=20)
-        rec["eval"][name] = eval_metrics(work, name)
-        save()
-    if not args.tiny:   # the CUDA-marked tests, when time is left (they skip without a GPU)
-        st = R.run("cuda_tests", _py("-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda",
-                                     "tests/integration/test_cuda.py"), T["cuda_tests"], need=40)
-        rec["cuda_tests"] = pytest_summary(work / "logs" / "cuda_tests.log") if st.get("status") != "skipped" else None
-    if "dspark" in args.drafters:
-        R.run("profile", _py(me, "--stage", "profile", *base), T["profile"], need=25)
+    run_data_stages(R, args, sc)
+    run_train_stages(R, args, sc)
+    run_eval_stages(R, args, sc)
+    run_extra_stages(R, args, sc)
     rec["total_s"] = round(time.monotonic() - R.t0, 1)
     save()
-    with tarfile.open(out_dir / "device_run.logs.tar.gz", "w:gz") as tar:
-        for p in sorted((work / "logs").glob("*")):
-            tar.add(p, arcname=f"logs/{p.name}")
-        for name in args.drafters:
-            for rel in (f"eval/{name}/report.md", f"eval/{name}/results.json", f"runs/{name}/metrics.jsonl",
-                        f"runs/{name}/train.log"):
-                p = work / rel
-                if p.is_file():
-                    tar.add(p, arcname=rel)
-        for rel in ("regen/regen.jsonl.job.json", "regen_ab.json", "cache/manifest.json", "env.json"):
-            if (work / rel).is_file():
-                tar.add(work / rel, arcname=rel)
+    write_logs_tar(out_dir / "device_run.logs.tar.gz", work, args.drafters)
     print(f"[device] done in {rec['total_s']} s → {rec_path}, {md_path}, {out_dir / 'device_run.logs.tar.gz'}",
           flush=True)
     print(summary_md(rec), flush=True)

@@ -206,30 +206,8 @@ class OpenAIEngine(Engine):
         except requests.RequestException as e:
             return GenerationError(f"{server.url}: {type(e).__name__}: {e}", code="connection", retryable=True)
         if r.status_code != 200:
-            msg, ecode = _error_info(r)
-            low = f"{msg} {ecode}".lower()
-            if r.status_code in (400, 413, 422) and any(h in low for h in _TOO_LONG_HINTS):
-                return GenerationError(f"{server.url}: HTTP {r.status_code}: {msg}", code="prompt_too_long")
-            retry = r.status_code >= 500 or r.status_code in (408, 429)
-            err = GenerationError(f"{server.url}: HTTP {r.status_code}: {msg}",
-                                  code="http_error" if retry else "bad_request", retryable=retry)
-            err.retry_after = retry_after_s(r.headers.get("Retry-After"))
-            return err
-        try:
-            data = r.json()
-            choice = data["choices"][0]
-            msg = choice.get("message") or {}
-            content = msg.get("content") or ""
-            reasoning = msg.get("reasoning_content") or msg.get("reasoning")
-            if reasoning:  # server split the thinking out: put it back where the model wrote it
-                content = f"<think>\n{reasoning}\n</think>\n\n{content}"
-            usage = data.get("usage") or {}
-            return Completion(content, num_tokens=int(usage.get("completion_tokens") or 0),
-                              finish_reason=choice.get("finish_reason") or "stop",
-                              prompt_tokens=int(usage.get("prompt_tokens") or 0))
-        except (ValueError, KeyError, IndexError, TypeError) as e:
-            return GenerationError(f"{server.url}: malformed response ({type(e).__name__}: {e})",
-                                   code="http_error", retryable=True)
+            return _http_error(server, r)
+        return _completion(server, r)
 
     def _backoff(self, attempt: int, retry_after: Optional[float] = None) -> float:
         """Exponential backoff with jitter; a server's ``Retry-After`` (429/503) is honoured as the least
@@ -248,82 +226,143 @@ class OpenAIEngine(Engine):
             raise ValueError(f"{len(keys)} keys for {n} prompts")
         if n == 0:
             return []
-        results: List[Optional[Result]] = [None] * n
-        work: "queue.Queue[Optional[Tuple[int, int]]]" = queue.Queue()
-        for i in range(n):
-            work.put((i, 0))
-        remaining = [n]
-        done = threading.Condition()
+        batch = _Batch(n)
         seeds = [sample_seed(params.seed, None if keys is None else keys[i]) for i in range(n)]
-
-        def finish(i: int, r: Result) -> None:
-            with done:
-                if results[i] is None:
-                    results[i] = r
-                    remaining[0] -= 1
-                    done.notify_all()
-
-        def worker(server: ServerState) -> None:
-            session = requests.Session()
-            try:
-                while server.alive:
-                    with done:
-                        if remaining[0] == 0:
-                            return
-                    try:
-                        item = work.get(timeout=0.1)
-                    except queue.Empty:
-                        continue
-                    if item is None:
-                        return
-                    i, attempt = item
-                    r = self._request(session, server, self._body(prompts[i], params, seeds[i]))
-                    with self._lock:
-                        server.requests += 1
-                        if isinstance(r, GenerationError):
-                            server.failures += 1
-                            server.connect_failures = server.connect_failures + 1 if r.code == "connection" else 0
-                            if server.connect_failures >= self.dead_after and server.alive:
-                                server.alive, server.reason = False, r.message
-                                log.warning("server %s dropped after %d connection failures in a row",
-                                            server.url, server.connect_failures)
-                                print(f"openai engine: dropped {server.url} ({r.message})", flush=True)
-                        else:
-                            server.connect_failures = 0
-                    if isinstance(r, GenerationError):
-                        r.attempts = attempt + 1
-                        if r.retryable and attempt < self.max_retries and self.live_servers:
-                            time.sleep(self._backoff(attempt, getattr(r, "retry_after", None)))
-                            work.put((i, attempt + 1))
-                            continue
-                    finish(i, r)
-            finally:
-                session.close()
-
-        threads = [threading.Thread(target=worker, args=(s,), daemon=True, name=f"openai-{k}-{j}")
+        threads = [threading.Thread(target=self._worker, args=(s, batch, prompts, params, seeds), daemon=True,
+                                    name=f"openai-{k}-{j}")
                    for k, s in enumerate(self.live_servers) for j in range(self.concurrency)]
         for t in threads:
             t.start()
-        with done:
-            while remaining[0] > 0:
-                done.wait(timeout=0.5)
-                if not any(t.is_alive() for t in threads):
-                    break
+        batch.wait(threads)
         for t in threads:
             t.join(timeout=0.1)
-        # every server went away: whatever is left fails (and is retried on a re-run)
+        batch.fail_leftovers()   # every server went away: whatever is left fails (and is retried on a re-run)
+        return batch.results  # type: ignore[return-value]
+
+    def _worker(self, server: ServerState, batch: "_Batch", prompts: Sequence[Messages], params: SamplingParams,
+                seeds: Sequence[int]) -> None:
+        """Take (prompt, attempt) items off the batch's queue and send them to ``server`` while it lives."""
+        session = requests.Session()
+        try:
+            while server.alive:
+                if batch.complete():
+                    return
+                try:
+                    item = batch.work.get(timeout=0.1)
+                except queue.Empty:
+                    continue
+                if item is None:
+                    return
+                i, attempt = item
+                r = self._request(session, server, self._body(prompts[i], params, seeds[i]))
+                self._record(server, r)
+                if isinstance(r, GenerationError) and self._retry_later(batch, i, attempt, r):
+                    continue
+                batch.finish(i, r)
+        finally:
+            session.close()
+
+    def _record(self, server: ServerState, r: Result) -> None:
+        """Count the request against ``server``; drop it after ``dead_after`` connection failures in a row."""
+        with self._lock:
+            server.requests += 1
+            if isinstance(r, GenerationError):
+                server.failures += 1
+                server.connect_failures = server.connect_failures + 1 if r.code == "connection" else 0
+                if server.connect_failures >= self.dead_after and server.alive:
+                    server.alive, server.reason = False, r.message
+                    log.warning("server %s dropped after %d connection failures in a row",
+                                server.url, server.connect_failures)
+                    print(f"openai engine: dropped {server.url} ({r.message})", flush=True)
+            else:
+                server.connect_failures = 0
+
+    def _retry_later(self, batch: "_Batch", i: int, attempt: int, err: GenerationError) -> bool:
+        """Stamp the attempt count on ``err``; if it may be retried, wait the backoff and requeue the prompt."""
+        err.attempts = attempt + 1
+        if err.retryable and attempt < self.max_retries and self.live_servers:
+            time.sleep(self._backoff(attempt, getattr(err, "retry_after", None)))
+            batch.work.put((i, attempt + 1))
+            return True
+        return False
+
+
+class _Batch:
+    """Shared state of one `OpenAIEngine.generate` call: a queue of (prompt index, attempt) and the results."""
+
+    def __init__(self, n: int):
+        self.results: List[Optional[Result]] = [None] * n
+        self.work: "queue.Queue[Optional[Tuple[int, int]]]" = queue.Queue()
+        for i in range(n):
+            self.work.put((i, 0))
+        self.remaining = n
+        self.done = threading.Condition()
+
+    def finish(self, i: int, r: Result) -> None:
+        """Set the first result for prompt ``i``; later ones are ignored."""
+        with self.done:
+            if self.results[i] is None:
+                self.results[i] = r
+                self.remaining -= 1
+                self.done.notify_all()
+
+    def complete(self) -> bool:
+        with self.done:
+            return self.remaining == 0
+
+    def wait(self, threads: Sequence[threading.Thread]) -> None:
+        """Until every prompt has a result or no worker is left."""
+        with self.done:
+            while self.remaining > 0:
+                self.done.wait(timeout=0.5)
+                if not any(t.is_alive() for t in threads):
+                    break
+
+    def fail_leftovers(self) -> None:
+        """Fail whatever is still queued or unanswered with a retryable "no live server left"."""
         while True:
             try:
-                item = work.get_nowait()
+                item = self.work.get_nowait()
             except queue.Empty:
                 break
             if item is not None:
-                finish(item[0], GenerationError("no live server left", code="connection", retryable=True,
-                                                attempts=item[1]))
-        for i in range(n):
-            if results[i] is None:
-                finish(i, GenerationError("no live server left", code="connection", retryable=True))
-        return results  # type: ignore[return-value]
+                self.finish(item[0], GenerationError("no live server left", code="connection", retryable=True,
+                                                     attempts=item[1]))
+        for i in range(len(self.results)):
+            if self.results[i] is None:
+                self.finish(i, GenerationError("no live server left", code="connection", retryable=True))
+
+
+def _http_error(server: ServerState, r: requests.Response) -> GenerationError:
+    """The error for a non-200 answer: prompt too long, retryable (5xx, 408, 429) or a bad request."""
+    msg, ecode = _error_info(r)
+    low = f"{msg} {ecode}".lower()
+    if r.status_code in (400, 413, 422) and any(h in low for h in _TOO_LONG_HINTS):
+        return GenerationError(f"{server.url}: HTTP {r.status_code}: {msg}", code="prompt_too_long")
+    retry = r.status_code >= 500 or r.status_code in (408, 429)
+    err = GenerationError(f"{server.url}: HTTP {r.status_code}: {msg}",
+                          code="http_error" if retry else "bad_request", retryable=retry)
+    err.retry_after = retry_after_s(r.headers.get("Retry-After"))
+    return err
+
+
+def _completion(server: ServerState, r: requests.Response) -> Result:
+    """The completion in a 200 answer, thinking put back inline; a retryable error if it is malformed."""
+    try:
+        data = r.json()
+        choice = data["choices"][0]
+        msg = choice.get("message") or {}
+        content = msg.get("content") or ""
+        reasoning = msg.get("reasoning_content") or msg.get("reasoning")
+        if reasoning:  # server split the thinking out: put it back where the model wrote it
+            content = f"<think>\n{reasoning}\n</think>\n\n{content}"
+        usage = data.get("usage") or {}
+        return Completion(content, num_tokens=int(usage.get("completion_tokens") or 0),
+                          finish_reason=choice.get("finish_reason") or "stop",
+                          prompt_tokens=int(usage.get("prompt_tokens") or 0))
+    except (ValueError, KeyError, IndexError, TypeError) as e:
+        return GenerationError(f"{server.url}: malformed response ({type(e).__name__}: {e})",
+                               code="http_error", retryable=True)
 
 
 def retry_after_s(value: Optional[str], now: Optional[float] = None) -> Optional[float]:
