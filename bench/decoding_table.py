@@ -41,7 +41,7 @@ sys.path.insert(0, str(REPO))
 
 from bench.eval_tables import eval_summary  # noqa: E402
 from bench.records import repo_relative, write_record  # noqa: E402
-from bench.reference import DOMAIN_BENCHES  # noqa: E402
+from bench.workdir import DOMAIN_BENCHES  # noqa: E402
 from bench.table_markdown import markdown  # noqa: E402
 from bench.tree_speed import parse_setting, setting_overrides  # noqa: E402
 
