@@ -31,6 +31,7 @@ import datetime as dt
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -43,10 +44,38 @@ from bench.eval_tables import eval_summary  # noqa: E402
 from bench.records import repo_relative, write_record  # noqa: E402
 from bench.workdir import DOMAIN_BENCHES  # noqa: E402
 from bench.table_markdown import markdown  # noqa: E402
-from bench.tree_speed import parse_setting, setting_overrides  # noqa: E402
 
 NO_ASSISTANT = ("not run: no smaller model with the target's tokenizer is available offline (for SmolLM2-135M "
                 "there is none: it is the smallest SmolLM2)")
+
+
+SETTING = re.compile(r"^(chain|tree(\d+)x(\d+)(?:l(\d+)(?:m(\d+))?)?)@(float32|bfloat16|float16)$")
+
+
+def parse_setting(s: str) -> Dict[str, Any]:
+    """``KIND@DTYPE``: ``chain`` (verify the γ drafts), ``treeNxW`` (`eval.tree_nodes=N eval.tree_width=W`) or
+    ``treeNxWlK[mM]`` (the same with prompt lookup, `eval.lookup_ngram=K`, `eval.lookup_min_ngram=M`, default
+    1), the target in DTYPE."""
+    m = SETTING.match(s)
+    if not m:
+        raise SystemExit(f"setting {s!r}: expected chain@DTYPE, treeNxW@DTYPE, treeNxWlK@DTYPE or "
+                         "treeNxWlKmM@DTYPE (DTYPE float32, bfloat16, float16)")
+    tree = (int(m.group(2)), int(m.group(3))) if m.group(2) else None
+    if tree and min(tree) < 1:
+        raise SystemExit(f"setting {s!r}: tree nodes and width must be ≥ 1")
+    lookup = int(m.group(4)) if m.group(4) else 0
+    lookup_min = int(m.group(5)) if m.group(5) else 1
+    if m.group(4) and not 1 <= lookup_min <= lookup:
+        raise SystemExit(f"setting {s!r}: the lookup n-grams need 1 ≤ M (mM) ≤ K (lK)")
+    return {"name": s, "tree": tree, "lookup": lookup, "lookup_min": lookup_min, "dtype": m.group(6)}
+
+
+def setting_overrides(setting: Dict[str, Any]) -> List[str]:
+    """The eval keys of a setting, every one stated (eval.decoding=auto would fill unset ones)."""
+    if not setting["tree"]:
+        return ["eval.decoding=chain"]
+    return ["eval.decoding=tree", f"eval.tree_nodes={setting['tree'][0]}", f"eval.tree_width={setting['tree'][1]}",
+            f"eval.lookup_ngram={setting.get('lookup') or 0}", f"eval.lookup_min_ngram={setting.get('lookup_min', 1)}"]
 
 
 def parse_drafter(s: str):
