@@ -1,9 +1,10 @@
-"""Benchmark (not a test): what a decoding round costs on this machine, in four modes.
+"""Benchmark (not a test): what a decoding round costs on this machine, in five modes.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/decode_cost.py verify --reps 15
     .venv/bin/python bench/decode_cost.py latency
     .venv/bin/python bench/decode_cost.py batched --rollouts eval/rollouts.jsonl --calibration calibration.json
     .venv/bin/python bench/decode_cost.py schedule [--rollouts eval/rollouts.jsonl] [--target tiny:llama]
+    OMP_NUM_THREADS=1 nice -n 5 .venv/bin/python bench/decode_cost.py row-invariant --reps 9
 
 Modes, each with its record under `bench/results/`:
 
@@ -21,6 +22,9 @@ Modes, each with its record under `bench/results/`:
 - ``schedule`` (`schedule_gain[-LABEL].{json,md}`, `.sps.json`, `.pareto-<table>.png`): simulated goodput
   of the prefix scheduler against fixed-length verification and static thresholds, per SPS table (one
   profiled here, and a synthetic GPU-like one) and R; logged rollouts, else synthetic ones.
+- ``row-invariant`` (`row_invariant_cost[-LABEL].{json,md}`): what `eval.row_invariant` costs, batched
+  against row-invariant verification forwards (a chain, a tree, one step) interleaved, median CPU ms, and
+  whether the rows have the one-token steps' bits (`bench/row_invariant_timing.py`).
 """
 from __future__ import annotations
 
@@ -319,6 +323,13 @@ def schedule(a) -> int:
     return 0
 
 
+# -- row-invariant: what row-invariant verification costs -------------------------------------------------
+
+def row_invariant(args) -> int:
+    from bench.row_invariant_timing import run
+    return run(args)
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     modes = ap.add_subparsers(dest="mode", required=True)
@@ -367,6 +378,16 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--steps", type=int, default=200)
     s.add_argument("--label", default=None, help="a separate experiment: bench/results/schedule_gain-LABEL.json")
     s.add_argument("--out", default=None, help="record path (default: bench/results/schedule_gain[-LABEL].json)")
+    ri = modes.add_parser("row-invariant", help="batched vs row-invariant verification forwards (row_invariant_cost)")
+    ri.add_argument("--target", default="reference:smollm2-135m")
+    ri.add_argument("--dtype", default="bfloat16")
+    ri.add_argument("--contexts", nargs="+", type=int, default=[128, 512])
+    ri.add_argument("--chain", type=int, default=8)
+    ri.add_argument("--tree", type=int, default=16)
+    ri.add_argument("--reps", type=int, default=7)
+    ri.add_argument("--threads", type=int, default=1)
+    ri.add_argument("--label", default="")
+    ri.add_argument("--out", default=None, help="record path (default: bench/results/row_invariant_cost[-LABEL].json)")
     for m, target, threads in ((b, "reference:smollm2-135m", 2), (s, "tiny:llama", 1)):
         m.add_argument("--target", default=target, help="target to profile here" + ("" if m is b else " ('' = skip)"))
         m.add_argument("--sps-table", help="use this SPS table JSON instead of profiling")
@@ -380,9 +401,10 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
-    if args.mode == "verify" and args.reps < 2:
+    if args.mode in ("verify", "row-invariant") and args.reps < 2:
         raise SystemExit("--reps must be >= 2 (the first round is dropped as warm-up)")
-    return {"verify": verify, "latency": latency, "batched": batched, "schedule": schedule}[args.mode](args)
+    return {"verify": verify, "latency": latency, "batched": batched, "schedule": schedule,
+            "row-invariant": row_invariant}[args.mode](args)
 
 
 if __name__ == "__main__":

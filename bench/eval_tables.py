@@ -1,4 +1,5 @@
-"""The numbers and tables of `bench/eval_drafters.py`, from finished evals' output files.
+"""The numbers and tables of `bench/eval_drafters.py`, from finished evals' output files (`eval_summary` and
+`fmt_ci` also serve `bench/decoding_table.py`).
 
 - `eval_summary`: what the benchmark reports of one eval's results.json (τ and its interval per benchmark,
   domain and macro, conditional acceptance by position, speedups, the per-round split).

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/learning_curve.py --steps 160 --eval-every 40 --only dspark_markov eagle3
 
-Reuses the regenerated data and cache of a work directory (`bench/reference.py`: the same data and
+Reuses the regenerated data and cache of a work directory (`bench/workdir.py`: the same data and
 target layers for every drafter; ``--prepare`` makes a missing one) and trains each drafter
 for ``--steps`` with the trainer's held-out evaluation every ``--eval-every`` steps: expected
 τ, per-position acceptance, CE and TV of the draft on the held-out sequences, teacher-forced.
@@ -15,7 +15,7 @@ they converge or in how fast they start.
 
 Ablations: ``--variant LABEL=DRAFTER[,override...]`` (repeatable) trains named variants instead of
 ``--only``, e.g. ``--variant markov_L3=dspark_markov,draft.num_layers=3``.  With ``--prepare`` a
-missing work directory is regenerated and cached first (`bench.reference.prepare`), so one command
+missing work directory is regenerated and cached first (`bench.workdir.prepare`), so one command
 reruns an ablation from nothing.
 
 Each held-out point also carries ``train_wall_s``: the training seconds up to that step, the sum of
@@ -47,7 +47,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.records import header, record_path, write_record  # noqa: E402
-from bench.reference import DRAFTERS, prepare, shared_overrides  # noqa: E402
+from bench.workdir import DRAFTERS, prepare, shared_overrides  # noqa: E402
 from deepspec.train.checkpoint import list_checkpoints  # noqa: E402
 
 KEYS = ("eval/expected_tau", "eval/accept_rate/1", "eval/accept_rate/2", "eval/ce", "eval/tv")

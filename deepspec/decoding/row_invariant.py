@@ -11,7 +11,7 @@ reduces differently from the unmasked one-query call of a decoding step.
 one query, its own keys (the cache, then its ancestors in order: a chain's earlier rows, a tree path's
 nodes), no mask — so each row's logits are bit-identical to plain decoding of its path wherever the
 target's matmuls are batch-invariant (tested: `tests/unit/test_decoding_row_invariant.py`).  The price is
-one small attention call per row and layer (`bench/row_invariant_cost.py` measures it).
+one small attention call per row and layer (`bench/decode_cost.py row-invariant` measures it).
 """
 from __future__ import annotations
 

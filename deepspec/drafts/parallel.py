@@ -70,8 +70,9 @@ def _gather_pos(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
 class ParallelDrafter(Drafter):
     drafts_trees = True
     # `deepspec eval`'s default decoding (eval.decoding=auto).  Greedy: the shipped DSpark on the 48 tuning
-    # prompts (bench/tune_prompts.py), bf16 target, one thread, 2026-12-05: a 16-node tree of width 8 with
-    # prompt lookup n ≤ 3 (τ 2.45, 1.64× over plain; bench/results/tree_speed-tune_lookup.md).  Sampled (T = 1,
+    # prompts (bench/decoding_table.py --write-tune-prompts), bf16 target, one thread, 2026-12-05: a 16-node
+    # tree of width 8 with prompt lookup n ≤ 3 (τ 2.45, 1.64× over plain;
+    # bench/results/tree_speed-tune_lookup.md).  Sampled (T = 1,
     # 16 tuning prompts, 2026-12-06): width 4 with the same lookup (τ 1.71, 1.18× over plain sampling, against
     # width 8's 1.11× and chains' 1.07×; bench/results/decoding_table-tune_sampled.md).
     decoding_defaults = {"greedy": {"tree_nodes": 16, "tree_width": 8, "lookup_ngram": 3},

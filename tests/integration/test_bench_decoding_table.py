@@ -1,6 +1,7 @@
 """bench/decoding_table.py end to end on a tiny target: an Eagle3 checkpoint and no_draft, greedy and sampled,
 a lookup setting chosen on "tuning" prompts, the row-invariant row, transformers' plain and prompt-lookup
-generate on the same prompts; the record's numbers and its table."""
+generate on the same prompts; the record's numbers and its table.  ``--write-tune-prompts``: the tuning prompt
+set is the eval's benchmark format, from the stated conversations."""
 import json
 
 import pytest
@@ -50,3 +51,22 @@ def test_decoding_table_record(tmp_path, eval_data_dir, bench_module):
     assert "no smaller model" in md and "n/a (sampled)" in md and "| 4/4 |" in md
     with pytest.raises(SystemExit, match="NAME=CHECKPOINT"):
         mod.parse_drafter("eagle3")
+
+
+def test_tune_prompts_are_a_benchmark_file(tmp_path, bench_module):
+    from deepspec.eval.benchmarks import load_benchmarks
+    mod = bench_module("decoding_table")
+    out = tmp_path / "tune" / "sharegpt_tune.jsonl"
+    got = mod.main(["--write-tune-prompts", str(out), "--tune-start", "15000", "--tune-samples", "5",
+                    "--tune-min-chars", "20", "--tune-max-chars", "600"])
+    assert got == {"tune_prompts": str(out), "prompts": 5}
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert len(lines) == 5 and all(20 <= len(x["turns"][0]) <= 600 for x in lines)
+    samples = load_benchmarks(out.parent, ["sharegpt_tune"], 5)["sharegpt_tune"]
+    assert [s.turns[0] for s in samples] == [x["turns"][0] for x in lines]
+    # the same call gives the same prompts (a fixed slice of a fixed corpus)
+    again = tmp_path / "again.jsonl"
+    mod.main(["--write-tune-prompts", str(again), "--tune-samples", "5"])
+    assert again.read_text() == out.read_text()
+    with pytest.raises(SystemExit):                     # no --drafter: nothing to evaluate
+        mod.main(["--max-samples", "1"])

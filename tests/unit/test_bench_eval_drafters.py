@@ -1,5 +1,6 @@
-"""bench/eval_drafters.py + bench/eval_tables.py: the paired τ-ratio bootstrap on per-request rows, the
-markdown of a record, and which checkpoint and config of a training run directory are evaluated."""
+"""bench/eval_drafters.py + bench/eval_tables.py: the paired τ-ratio bootstrap on per-request rows, what a
+record keeps of an eval's results.json, the markdown of a record, and which checkpoint and config of a
+training run directory are evaluated."""
 import itertools
 import json
 import random
@@ -115,6 +116,33 @@ def test_ratio_of_evals_on_different_requests_is_refused(bench_module):
         tables.paired_ratio(a, tables.request_table(_rows({"gsm8k": _varied(4, 0)})), 10)
     with pytest.raises(ValueError, match="different benchmarks"):
         tables.paired_ratio(a, tables.request_table(_rows({"mbpp": _varied(5, 0)})), 10)
+
+
+def test_eval_summary_keeps_the_evaluators_numbers(bench_module):
+    """`eval_summary` of a results.json as the evaluator writes it (`summarize`, through JSON): τ with its
+    interval per benchmark and macro, the pooled speedup, both loops' tokens/s, the round split and the
+    greedy check's counts."""
+    from deepspec.eval.runner import summarize
+    tables = bench_module("eval_tables")
+    per = {"gsm8k": _varied(6, 0), "mt-bench": _varied(4, 1)}
+    res = summarize(_records(per), gamma=4, greedy=True, bootstrap_resamples=50, bootstrap_seed=0)
+    res["setup"] = {"policy": "tree(nodes=6, width=2, lookup=3..1)"}
+    res = json.loads(json.dumps(res))                                   # as read back from results.json
+    s = tables.eval_summary(res)
+    assert s["setup"]["policy"] == "tree(nodes=6, width=2, lookup=3..1)" and s["gamma"] == 4
+    assert set(s["benchmarks"]) == set(per) and set(s["macro"]) <= set(tables.STAT_KEYS)
+    for name, b in s["benchmarks"].items():
+        assert b["tau"] == res["benchmarks"][name]["all_turns"]["tau"] and len(b["tau_ci95"]) == 2
+        assert b["requests"] == len(per[name]) and b["first_turn"] is None
+    assert s["macro"]["tau"] == pytest.approx(np.mean([b["tau"] for b in s["benchmarks"].values()]))
+    lo, hi = s["macro"]["tau_ci95"]
+    assert lo <= s["macro"]["tau"] <= hi and s["macro"]["requests"] == 10
+    sp = s["speed"]
+    assert sp["speedup_pooled"] == pytest.approx(sp["spec_tokens_per_s"] / sp["baseline_tokens_per_s"])
+    assert sp["verified_tokens_per_round"] == 5.0 and sp["rounds"] == sum(len(r) for v in per.values() for r in v)
+    assert sp["plain_decode_ms_per_token"] > 0
+    assert s["greedy_check"] == {"compared": 10, "matched": 10}        # the counts, not the request list
+    assert s["bootstrap"]["resamples"] == 50
 
 
 def _result_entry(taus, gamma=4):

@@ -23,9 +23,9 @@ def test_record_and_part_paths(bench_module):
 
 
 @pytest.mark.parametrize("text, want", [
-    ("/x/checkout/.venv/bin/python bench/reference.py --work /x/checkout/bench/work/ref1600 --steps 80",
-     ".venv/bin/python bench/reference.py --work bench/work/ref1600 --steps 80"),
-    ("/usr/bin/python3.11 bench/reference.py cache.dir=/x/y/runs/a/cache", "python3.11 bench/reference.py cache.dir=runs/a/cache"),
+    ("/x/checkout/.venv/bin/python bench/learning_curve.py --work /x/checkout/bench/work/ref1600 --steps 80",
+     ".venv/bin/python bench/learning_curve.py --work bench/work/ref1600 --steps 80"),
+    ("/usr/bin/python3.11 bench/learning_curve.py cache.dir=/x/y/runs/a/cache", "python3.11 bench/learning_curve.py cache.dir=runs/a/cache"),
     ("--eval-data /srv/shared/eval_datasets", "--eval-data …/eval_datasets"),
     ("bench/work/abl https://example.org/a/b", "bench/work/abl https://example.org/a/b"),   # relative paths, URLs stay
 ])

@@ -1,5 +1,5 @@
-"""The reference setup the drafter benchmarks share (`bench/learning_curve.py`, `bench/eval_drafters.py`,
-`bench/tree_speed.py`): the drafters as config overrides, the domain benchmarks, and one work directory's
+"""The work directory the drafter benchmarks share (`bench/learning_curve.py`, `bench/eval_drafters.py`,
+`bench/decoding_table.py`): the drafters as config overrides, the domain benchmarks, and one work directory's
 regenerated ShareGPT data and hidden-state cache of the reference target (SmolLM2-135M-Instruct).
 
 A work directory holds `regen/regen.jsonl` and `cache/`; every drafter trained from it reads the same

@@ -1,31 +1,22 @@
-"""What row-invariant verification costs: the batched verification forward against the one that runs every
-row through the one-token attention call (`eval.row_invariant`, `deepspec.decoding.row_invariant`).
+"""The measurements of `bench/decode_cost.py row-invariant`: what row-invariant verification costs, the
+batched verification forward against the one that runs every row through the one-token attention call
+(`eval.row_invariant`, `deepspec.decoding.row_invariant`).
 
 Per context length: a chain verification (``--chain`` tokens), a tree verification (``--tree`` nodes, the
 shape of a 16 × 8 draft tree: a trunk with side branches) and one plain decoding step, each batched and
 row-invariant, interleaved round-robin (A, B, A, B, ...) so machine load hits both alike.  Reported: median
 CPU time per forward (``time.process_time``, this process only), the extra cost of the row-invariant call,
 and whether its rows have the plain steps' bits (checked once per context).  The load average is recorded
-at start and end.  Writes `bench/results/row_invariant_cost[-LABEL].{json,md}`.
-
-    OMP_NUM_THREADS=1 nice -n 5 .venv/bin/python bench/row_invariant_cost.py --reps 7
+at start and end.  Record: `bench/results/row_invariant_cost[-LABEL].{json,md}`.
 """
 from __future__ import annotations
 
-import argparse
 import copy
-import datetime as dt
 import os
-import platform
 import statistics
-import sys
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from bench.records import repo_relative, write_record  # noqa: E402
+from bench.records import header, write_record
 
 
 def tree_shape(n: int):
@@ -99,40 +90,19 @@ def markdown(rec: dict) -> str:
     return "\n".join(out) + "\n"
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--target", default="reference:smollm2-135m")
-    ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--contexts", nargs="+", type=int, default=[128, 512])
-    ap.add_argument("--chain", type=int, default=8)
-    ap.add_argument("--tree", type=int, default=16)
-    ap.add_argument("--reps", type=int, default=7)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--label", default="")
-    args = ap.parse_args(argv)
-    if args.reps < 2:
-        ap.error("--reps must be >= 2 (the first round is dropped as warm-up)")
+def run(args) -> int:
+    """Measure every context of ``args`` (the mode's options), print the table, write the record."""
     import torch
-    torch.set_num_threads(args.threads)
     from deepspec.config import TargetConfig
     from deepspec.targets import load_target
-    load0 = [round(x, 2) for x in os.getloadavg()]
+    torch.set_num_threads(args.threads)
+    rec = header(label=args.label, args=vars(args))
     t = load_target(TargetConfig(path=args.target, device="cpu", dtype=args.dtype))
     gen = torch.Generator().manual_seed(0)
     with torch.inference_mode():
-        contexts = {str(c): measure(t, c, args.chain, args.tree, args.reps, gen) for c in args.contexts}
-    rec = {"script": "row_invariant_cost", "label": args.label,
-           "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-           "command": repo_relative(" ".join([Path(sys.executable).name, *sys.argv])), "args": vars(args),
-           "machine": {"platform": platform.platform(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-                       "cpus": os.cpu_count(), "loadavg_start": load0,
-                       "loadavg_end": [round(x, 2) for x in os.getloadavg()]},
-           "contexts": contexts}
+        rec["contexts"] = {str(c): measure(t, c, args.chain, args.tree, args.reps, gen) for c in args.contexts}
+    rec["machine"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     md = markdown(rec)
     print(md)
-    write_record(rec, "row_invariant_cost", label=args.label or None).with_suffix(".md").write_text(md)
+    write_record(rec, "row_invariant_cost", args.out, args.label or None, markdown=md)
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
