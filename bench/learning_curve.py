@@ -57,13 +57,14 @@ WALL_CLOCK = ("train_wall_s: training seconds up to the eval step = the sum of t
 
 
 def curve(metrics_path: Path):
-    """The held-out eval rows of a run's metrics.jsonl: [{step, train_wall_s, key: value}], by step.
+    """The held-out eval rows of a run's metrics.jsonl: [{step, train_wall_s, key: value}], by step, with the
+    real-loop τ of ``train.decode_eval_*`` (``decode/tau_t0``, ``decode/tau_t1``, ...) where that step has one.
 
     ``train_wall_s`` accumulates ``step_time_s`` over the training rows up to the eval step (the rows
     of a resumed run are those kept up to its checkpoint plus the re-run ones).  With
     ``train.log_every`` > 1 a logged step's time stands for the unlogged steps since the previous
     logged one.  None where no training row precedes the eval (metrics without step times)."""
-    evals, step_s = {}, {}
+    evals, step_s, decode = {}, {}, {}
     for line in Path(metrics_path).read_text().splitlines():
         try:
             d = json.loads(line) if line.strip() else {}
@@ -73,6 +74,9 @@ def curve(metrics_path: Path):
             evals[int(d["step"])] = {"step": int(d["step"]), **{k: d.get(k) for k in KEYS}}
         elif "step_time_s" in d:
             step_s[int(d["step"])] = float(d["step_time_s"])
+        taus = {k: v for k, v in d.items() if k.startswith("decode/tau_")}
+        if taus:
+            decode[int(d["step"])] = taus
     cum, total, prev = [], 0.0, 0
     for st in sorted(step_s):
         total += step_s[st] * (st - prev)
@@ -81,8 +85,13 @@ def curve(metrics_path: Path):
     rows = []
     for st in sorted(evals):
         before = [c for s_, c in cum if s_ <= st]
-        rows.append({**evals[st], "train_wall_s": before[-1] if before else None})
+        rows.append({**evals[st], **decode.get(st, {}), "train_wall_s": before[-1] if before else None})
     return rows
+
+
+def decode_keys(record) -> list:
+    """The real-loop τ keys (``decode/tau_t0`` ...) any variant of a record has, sorted."""
+    return sorted({k for d in record["drafters"].values() for r in d["curve"] for k in r if k.startswith("decode/tau_")})
 
 
 def start_step(checkpoints: Path) -> int:
@@ -138,6 +147,17 @@ def markdown(record) -> str:
     last = [(record["drafters"][n]["curve"] or [{}])[-1].get("train_wall_s") for n in names]
     if any(x is not None for x in last):
         out.append("| train s | " + " | ".join("—" if x is None else f"{x:.0f}" for x in last) + " |")
+    keys = decode_keys(record)
+    if keys:    # real-loop τ while training: one column group per temperature
+        out += ["", "Real-loop τ while training (`train.decode_eval_*`: the lossless loop on held-out prompts):", "",
+                "| step | " + " | ".join(f"{n} τ {k.split('_', 1)[1]}" for k in keys for n in names) + " |",
+                "|---:|" + "---:|" * (len(keys) * len(names))]
+        for s in steps:
+            rs = {n: next((r for r in record["drafters"][n]["curve"] if r["step"] == s), {}) for n in names}
+            if not any(k in rs[n] for k in keys for n in names):
+                continue
+            out.append(f"| {s} | " + " | ".join("—" if rs[n].get(k) is None else f"{rs[n][k]:.3f}"
+                                                 for k in keys for n in names) + " |")
     return "\n".join(out)
 
 
@@ -151,12 +171,17 @@ def plot(record, png: Path) -> None:
         color = f"C{i % 10}"     # one colour per variant across the panels
         st = [r["step"] for r in d["curve"]]
         axes[0].plot(st, [r["eval/expected_tau"] for r in d["curve"]], marker="o", color=color, label=name)
+        for k, style in zip(decode_keys(record), ("--", ":", "-.")):
+            pts = [(r["step"], r[k]) for r in d["curve"] if r.get(k) is not None]
+            if pts:
+                axes[0].plot(*zip(*pts), linestyle=style, marker="x", color=color,
+                             label=f"{name}, real-loop τ {k.split('_', 1)[1]}")
         axes[2].plot(st, [r["eval/ce"] for r in d["curve"]], marker="o", color=color, label=name)
         wall = [(r["train_wall_s"], r["eval/expected_tau"]) for r in d["curve"] if r.get("train_wall_s") is not None]
         if wall:
             axes[1].plot(*zip(*wall), marker="o", color=color, label=name)
             timed = True
-    axes[0].set(xlabel="training step", ylabel="held-out E[τ] (teacher-forced)")
+    axes[0].set(xlabel="training step", ylabel="held-out E[τ] (teacher-forced); real-loop τ (dashed)")
     axes[1].set(xlabel="training seconds (Σ step time; evals excluded)", ylabel="held-out E[τ] (teacher-forced)")
     axes[2].set(xlabel="training step", ylabel="held-out CE (nats)")
     if not timed:

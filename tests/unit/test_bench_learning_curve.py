@@ -92,3 +92,24 @@ def test_start_step_is_the_newest_complete_checkpoint(tmp_path, bench_module):
     (root / "step_120.tmp").mkdir()            # a save cut short by a kill does not count
     (root / "step_160").mkdir()                # nor a step directory without its training state
     assert mod.start_step(root) == 80
+
+
+def test_real_loop_tau_joins_the_held_out_points_and_renders(tmp_path, bench_module):
+    import json
+    mod = bench_module("learning_curve")
+    path = _write_metrics(tmp_path / "m.jsonl", list(range(1, 9)), [4, 8])
+    with path.open("a") as f:   # train.decode_eval_every=4: rows of their own, after the held-out eval
+        for s, (t0, t1) in ((4, (1.30, 1.20)), (8, (1.45, 1.33))):
+            f.write(json.dumps({"step": s, "decode/tau_t0": t0, "decode/tau_t1": t1, "decode/seconds": 3.0}) + "\n")
+    rows = mod.curve(path)
+    assert [(r["decode/tau_t0"], r["decode/tau_t1"]) for r in rows] == [(1.30, 1.20), (1.45, 1.33)]
+    assert rows[1]["eval/expected_tau"] == pytest.approx(1.08) and "decode/seconds" not in rows[1]
+    plain = mod.curve(_write_metrics(tmp_path / "p.jsonl", list(range(1, 9)), [4, 8]))
+    record = {"args": {"steps": 8}, "drafters": {"a": {"curve": rows}, "b": {"curve": plain}}}
+    assert mod.decode_keys(record) == ["decode/tau_t0", "decode/tau_t1"]
+    md = mod.markdown(record)
+    assert "| step | a τ t0 | b τ t0 | a τ t1 | b τ t1 |" in md
+    assert "| 8 | 1.450 | — | 1.330 | — |" in md
+    png = tmp_path / "lc.png"
+    mod.plot(record, png)
+    assert png.stat().st_size > 0
