@@ -27,8 +27,9 @@ come from the target and are added by `deepspec.export.eagle3`.
 Not representable (no engine counterpart): `UNSERVABLE` lists each of our parameters the
 engines have no place for with the draft setting that creates it and the one to retrain with
 (``in_proj`` / ``out_proj``: ``draft.hidden_size`` or ``draft.embed_proj``; ``anchor_proj``:
-``draft.anchor_feature``; ``head.w1_proj``: ``draft.head_embedding=target``; ...); the
-exporters' `analyze` refuses such drafts naming those settings.
+``draft.anchor_feature``; ...); the exporters' `analyze` refuses such drafts naming those settings.
+``head.w1_proj`` (``draft.head_embedding=target``, W1 as a map of the target embedding) is written as the
+table it stands for (`deepspec.export.parallel.materialized_w1`).
 """
 from __future__ import annotations
 
@@ -121,8 +122,6 @@ UNSERVABLE: Tuple[Unservable, ...] = (
                "straight to the draft's hidden state"),
     Unservable(r"anchor_proj\..+", _setting("anchor_feature", "true", "false"),
                "the anchor-feature ablation: the engines' drafters see the target's features only as extra keys/values"),
-    Unservable(r"head\.w1_proj\.weight", _setting("head_embedding", "target", "table"),
-               "a factored sequential-head embedding: the engines' Markov head reads its own token-embedding table"),
     Unservable(r"conf_head\.w1\.weight", lambda d: ("draft.confidence_head=true with draft.sequential_head=none",
                                                    "draft.confidence_head=false"),
                "a confidence head with its own token embedding: the engines' confidence head reads the Markov "

@@ -18,6 +18,8 @@ conf head     refused (``draft.confidence_head=true``     refused (same)
  w/o seq head with ``draft.sequential_head=none`` owns a
               token embedding); ``--allow-drop-heads``
               → backbone only
+W1 over the   the table ``W1 = P·E`` (V×r) computed      same
+ target emb.  at export (`materialized_w1`)
 draft.vocab_  ``draft_vocab_size = N``, ``d2t`` / ``t2d``,   one more Markov rank dimension: 1 in
  size = N     target ``lm_head`` rows, ``markov_w2`` [N, r]  ``markov_w1``, 0 / −2¹⁴ in ``markov_w2``
                                                           on / off the draft vocabulary
@@ -63,6 +65,14 @@ RNN_ON_VLLM = ("the RNN sequential head is written (speculators 0.9.0 computes i
                "Markov head only (model_executor/models/qwen3_dspark.py); serve this draft with SGLang 0.5.23 "
                "(--to sglang), which runs RNN heads")
 _ZERO_MARKOV = ("markov_head.markov_w1.weight", "markov_head.markov_w2.weight")
+
+
+def materialized_w1(drafter, vocab_size: int, rows: int = 8192) -> torch.Tensor:
+    """The sequential head's factored W1 (``draft.head_embedding=target``: ``W1[x] = P·E_target[x]``) as the
+    V×r table the engines read, computed by the head itself a block of token ids at a time."""
+    with torch.no_grad():
+        return torch.cat([drafter.head.embed(torch.arange(i, min(i + rows, vocab_size), device=drafter.device))
+                          for i in range(0, vocab_size, rows)])
 
 
 @dataclass
@@ -182,6 +192,9 @@ class ParallelExporter(Exporter):
         ids through ``d2t``); for SGLang one more Markov rank dimension (`deepspec.export.vocab_rank`)."""
         state = {k: v for k, v in drafter.state_dict().items() if k != "draft_vocab"
                  and not (k.startswith("conf_head.") and "confidence" in plan.drop_parts)}
+        if "head.w1_proj.weight" in state:
+            state["head.w1.weight"] = materialized_w1(drafter, int(target.vocab_size))
+            del state["head.w1_proj.weight"]
         out = mapping.to_engine(state, drop_parts=plan.drop_parts)
         if plan.zero_markov:
             zeros = torch.zeros(int(target.vocab_size), 1, dtype=next(iter(out.values())).dtype)

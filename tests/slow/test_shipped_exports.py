@@ -24,9 +24,7 @@ def fixes_for(cfg, stop_ids):
     out = []
     if d.get("algorithm") == "eagle3" and d.get("eagle3_layout", "native") != "engine":
         out.append("draft.eagle3_layout=engine")
-    for key, bad, fix in (("anchor_feature", True, "false"), ("head_embedding", "target", "table"),
-                          ("feature_norm", "channel", "none"), ("context_mlp", True, "false"),
-                          ("embed_proj", True, "false")):
+    for key, bad, fix in (("anchor_feature", True, "false"), ("embed_proj", True, "false")):
         if d.get(key) == bad:
             out.append(f"draft.{key}={fix}")
     if d.get("hidden_size") is not None:

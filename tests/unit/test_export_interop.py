@@ -159,6 +159,8 @@ def specforge_blocks(m, target, ids, hidden_states, shift: int):
 
 PARALLEL = {"dspark_markov": dict(algorithm="dspark", sequential_head="markov"),
             "dspark_rnn": dict(algorithm="dspark", sequential_head="rnn"),
+            # W1 as a map of the target embedding: written as the table it stands for
+            "dspark_markov_w1_target": dict(algorithm="dspark", sequential_head="markov", head_embedding="target"),
             "dflash": dict(algorithm="dflash", sequential_head="none", confidence_head=False)}
 
 

@@ -118,12 +118,11 @@ def test_parameter_table_refuses_unknown_and_names_the_unservable_settings():
     with pytest.raises(KeyError, match="mystery"):
         mapping.from_engine({"mystery.weight": torch.zeros(1)})
     keys = ["in_proj.weight", "out_proj.weight", "conf_head.w1.weight", "norm.weight", "anchor_proj.fc.weight",
-            "anchor_proj.norm.weight", "head.w1_proj.weight"]
+            "anchor_proj.norm.weight", "head.w1_proj.weight"]     # a factored W1 is written as its table
     found = {cause: fix for cause, fix, _ in mapping.unservable(keys, {"hidden_size": 32})}
     assert found == {"draft.hidden_size=32": "draft.hidden_size=null",          # in_proj and out_proj: one setting
                      "draft.confidence_head=true with draft.sequential_head=none": "draft.confidence_head=false",
-                     "draft.anchor_feature=true": "draft.anchor_feature=false",
-                     "draft.head_embedding=target": "draft.head_embedding=table"}
+                     "draft.anchor_feature=true": "draft.anchor_feature=false"}
     # at the target's width an input projection comes from the embed_proj ablation
     assert [c for c, _, _ in mapping.unservable(["in_proj.weight"], {})] == ["draft.embed_proj=true"]
     # the published context map is exportable
