@@ -44,3 +44,20 @@ def test_every_cited_record_exists(doc):
 
 def test_the_docs_cite_records_at_all():
     assert sum(1 for doc in DOCS for _ in cited(doc.read_text())) > 50
+
+
+def test_every_record_is_cited():
+    """bench/results/ keeps only what a document cites: by path (``bench/results/<record>.json``, braces and globs
+    expanded) or by name or label in backticks (`` `learning_curve-paper` ``, `` `converge_2k` ``, `` `verify_cost.*` ``)."""
+    text = "\n".join(d.read_text() for d in DOCS)
+    named = set()
+    for p in cited(text):
+        named |= {Path(g).name.split(".")[0] for g in glob.glob(str(REPO / p))}
+    ticked = set(re.findall(r"`([A-Za-z0-9_\-]+)(?:\.[^`\s]*)?`", text))      # `name`, `name.*`, `name.{json,md}`
+    uncited = []
+    for f in sorted((REPO / "bench" / "results").glob("*.json")):
+        stem = f.name.split(".")[0]                     # a record's parts (<record>.<part>.json) go with it
+        label = stem.split("-", 1)[1] if "-" in stem else None
+        if stem not in named and stem not in ticked and label not in ticked:
+            uncited.append(f.name)
+    assert not uncited, f"records no document cites (cite them or delete them; git keeps them): {uncited}"
