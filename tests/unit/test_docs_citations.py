@@ -47,8 +47,8 @@ def test_the_docs_cite_records_at_all():
 
 
 def test_every_record_is_cited():
-    """bench/results/ keeps only what a document cites: by path (``bench/results/<record>.json``, braces and globs
-    expanded) or by name or label in backticks (`` `learning_curve-paper` ``, `` `converge_2k` ``, `` `verify_cost.*` ``)."""
+    """bench/results/ keeps only what a document cites: by path (``bench/results/<record>.json``, braces and
+    globs expanded) or by name or label in backticks (`learning_curve-paper`, `converge_2k`, `verify_cost.*`)."""
     text = "\n".join(d.read_text() for d in DOCS)
     named = set()
     for p in cited(text):
