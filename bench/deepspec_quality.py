@@ -19,11 +19,11 @@ import contextlib
 import json
 import math
 from pathlib import Path
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import torch
 
-import deepspec_side as ds
+from bench import deepspec_side as ds
 from deepspec.cache.union import open_caches
 from deepspec.config import load_config, to_yaml
 from deepspec.drafts import build_drafter
@@ -136,8 +136,9 @@ def run(args) -> Path:
     return run_dir / "checkpoints" / f"step_{args.steps}"
 
 
-def _curve(run_dir: Path):
-    """(cumulative training CPU seconds, held-out E[τ]) at each held-out evaluation of a run's metrics.jsonl."""
+def _curve(run_dir: Path, p1: Optional[List[Optional[float]]] = None):
+    """(cumulative training CPU seconds, held-out E[τ], step) at each held-out evaluation of a run's
+    metrics.jsonl; the position-1 acceptance of each evaluation is appended to ``p1`` when given."""
     cpu, out = 0.0, []
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
     last_step = 0
@@ -147,6 +148,8 @@ def _curve(run_dir: Path):
             last_step = r["step"]
         if "eval/expected_tau" in r:
             out.append((cpu, r["eval/expected_tau"], r["step"]))
+            if p1 is not None:
+                p1.append(r.get("eval/accept_rate/1"))
     return out
 
 
@@ -162,12 +165,43 @@ def _seconds_to(curve, tau: float):
 
 
 def compare(ours: Path, theirs: Path) -> Dict:
-    """Final held-out E[τ] of each run and the training CPU seconds each needs to reach the other's."""
-    a, b = _curve(ours), _curve(theirs)
-    out = {"ours": {"final_tau": a[-1][1], "steps": a[-1][2], "cpu_s": a[-1][0]},
-           "deepspec": {"final_tau": b[-1][1], "steps": b[-1][2], "cpu_s": b[-1][0]}}
+    """Final held-out E[τ] of each run, the training CPU seconds each needs to reach the other's, and both
+    curves (step, CPU seconds so far, held-out E[τ], position-1 acceptance)."""
+    pa, pb = [], []
+    a, b = _curve(ours, pa), _curve(theirs, pb)
+    out = {"ours": {"run_dir": str(ours), "final_tau": a[-1][1], "steps": a[-1][2], "cpu_s": a[-1][0]},
+           "deepspec": {"run_dir": str(theirs), "final_tau": b[-1][1], "steps": b[-1][2], "cpu_s": b[-1][0]}}
     t_ours = _seconds_to(a, b[-1][1])
     out["ours_seconds_to_deepspec_final"] = t_ours
     out["speedup_to_equal_quality"] = b[-1][0] / t_ours if t_ours else None
-    out["deepspec_seconds_to_ours_final"] = _seconds_to(b, a[-1][1])
+    t_theirs = _seconds_to(b, a[-1][1])
+    out["deepspec_seconds_to_ours_final"] = t_theirs
+    out["speedup_to_our_final"] = t_theirs / a[-1][0] if t_theirs else None
+    out["cpu_s_per_step_ratio"] = (b[-1][0] / b[-1][2]) / (a[-1][0] / a[-1][2])
+    out["curves"] = {side: [{"step": st, "cpu_s": round(c, 1), "expected_tau": t, "accept_1": p}
+                            for (c, t, st), p in zip(curve, p1)]
+                     for side, curve, p1 in (("ours", a, pa), ("deepspec", b, pb))}
     return out
+
+
+def compare_markdown(rec: Dict) -> str:
+    """The compare record as a table: held-out E[τ] (P₁) of both trainers at each evaluation step."""
+    ours = {r["step"]: r for r in rec["curves"]["ours"]}
+    theirs = {r["step"]: r for r in rec["curves"]["deepspec"]}
+    fmt = lambda r: "–" if r is None else (f"{r['expected_tau']:.3f} ({r['accept_1']:.3f})"   # noqa: E731
+                                           if r.get("accept_1") is not None else f"{r['expected_tau']:.3f}")
+    lines = [f"# Our trainer against DeepSpec's on the same data ({rec['date'][:10]})", "",
+             f"`{rec['command']}`", "",
+             "| step | ours: held-out E[τ] (P₁) | DeepSpec: held-out E[τ] (P₁) | ours: CPU s | DeepSpec: CPU s |",
+             "|---:|---:|---:|---:|---:|"]
+    for st in sorted(set(ours) | set(theirs)):
+        o, t = ours.get(st), theirs.get(st)
+        lines.append(f"| {st} | {fmt(o)} | {fmt(t)} | {o['cpu_s'] if o else '–'} | {t['cpu_s'] if t else '–'} |")
+    r = rec
+    lines += ["", f"Training CPU seconds per step, DeepSpec ÷ ours: {r['cpu_s_per_step_ratio']:.2f}.",
+              "DeepSpec's CPU seconds to our final held-out E[τ] ÷ ours: "
+              + (f"{r['speedup_to_our_final']:.2f}" if r["speedup_to_our_final"] else "not reached") + ".",
+              "Our CPU seconds to DeepSpec's final: "
+              + (f"{r['ours_seconds_to_deepspec_final']:.0f}" if r["ours_seconds_to_deepspec_final"]
+                 else "not reached") + "."]
+    return "\n".join(lines) + "\n"

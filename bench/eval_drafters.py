@@ -85,11 +85,17 @@ def resolve_path(path: str, bases: Sequence[Path]) -> Path:
 
 def final_checkpoint(run_dir: Path) -> Tuple[Path, int]:
     """(checkpoint directory, its step) of a run: the newest complete ``run_dir/checkpoints/step_N``; a
-    complete checkpoint directory given instead of a run directory is itself."""
+    complete checkpoint directory given instead of a run directory is itself, and so is a weights-only
+    ``step_N`` directory (``config.json`` + ``run.yaml``, no training state: a converted checkpoint such as
+    `bench/deepspec_quality.py` writes), named explicitly."""
     run_dir = Path(run_dir)
+    m = re.fullmatch(r"step_(\d+)", run_dir.name)
+    if m and not is_complete(run_dir) and (run_dir / "config.json").is_file() and (run_dir / "run.yaml").is_file():
+        return run_dir, int(m.group(1))
     ck = run_dir if is_complete(run_dir) else latest_checkpoint(run_dir / "checkpoints")
     if ck is None:
-        raise SystemExit(f"{run_dir}: no complete checkpoint (checkpoints/step_N with training_state/meta.json)")
+        raise SystemExit(f"{run_dir}: no complete checkpoint (checkpoints/step_N with training_state/meta.json; "
+                         "a weights-only checkpoint is named by its step_N directory)")
     return ck, int(json.loads((ck / "training_state" / "meta.json").read_text())["step"])
 
 

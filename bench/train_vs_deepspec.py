@@ -291,6 +291,8 @@ def main(argv=None) -> int:
     cmp = sub.add_parser("compare", help="training seconds to the other run's final held-out E[τ]")
     cmp.add_argument("--ours", required=True)
     cmp.add_argument("--theirs", required=True)
+    cmp.add_argument("--label", default="quality", help="record bench/results/train_vs_deepspec-LABEL.{json,md}")
+    cmp.add_argument("--out", default=None, help="record path (default: from --label)")
     args = ap.parse_args(argv)
     if args.worker:
         worker(args.worker, json.loads(args.spec))
@@ -301,7 +303,10 @@ def main(argv=None) -> int:
         return 0
     if args.mode == "compare":
         import deepspec_quality
-        print(json.dumps(deepspec_quality.compare(Path(args.ours), Path(args.theirs)), indent=1))
+        rec = {**header(bench="train_vs_deepspec quality"),
+               **deepspec_quality.compare(Path(args.ours), Path(args.theirs))}
+        write_record(rec, "train_vs_deepspec", out=args.out, label=args.label,
+                     markdown=deepspec_quality.compare_markdown(rec))
         return 0
     if args.mode == "speed":
         return speed(args)

@@ -216,6 +216,15 @@ def test_final_checkpoint_and_config_of_a_run_directory(tmp_path, bench_module):
     assert run_config_path(ck, ck) == ck / "run.yaml"
     with pytest.raises(SystemExit, match="no complete checkpoint"):
         mod.final_checkpoint(tmp_path / "empty")
+    with pytest.raises(SystemExit, match="no complete checkpoint"):     # step_8 has neither state nor weights
+        mod.final_checkpoint(run / "checkpoints" / "step_8")
+    converted = tmp_path / "converted" / "checkpoints" / "step_600"    # weights only (bench/deepspec_quality.py)
+    converted.mkdir(parents=True)
+    (converted / "config.json").write_text("{}")
+    (converted / "run.yaml").write_text("seed: 0\n")
+    assert mod.final_checkpoint(converted) == (converted, 600)
+    with pytest.raises(SystemExit, match="no complete checkpoint"):     # not picked from its run directory
+        mod.final_checkpoint(tmp_path / "converted")
 
 
 def test_drafters_of_curve_records_and_run_entries(tmp_path, bench_module, monkeypatch):

@@ -61,10 +61,16 @@ def test_time_to_equal_quality(tmp_path, bench_module):
     theirs = _metrics(tmp_path / "theirs", [{"step": s, "step_cpu_s": 5.0} for s in (1, 2, 3, 4)]
                       + [{"step": 4, "eval/expected_tau": 1.5}])
     r = mod.compare(ours, theirs)
-    assert r["ours"] == {"final_tau": 1.6, "steps": 4, "cpu_s": 8.0} and r["deepspec"]["cpu_s"] == 20.0
+    assert r["ours"] == {"run_dir": str(ours), "final_tau": 1.6, "steps": 4, "cpu_s": 8.0}
+    assert r["deepspec"]["cpu_s"] == 20.0
     assert r["ours_seconds_to_deepspec_final"] == pytest.approx(6.0)       # halfway between 4 s (1.4) and 8 s (1.6)
     assert r["speedup_to_equal_quality"] == pytest.approx(20.0 / 6.0)
     assert r["deepspec_seconds_to_ours_final"] is None                    # never reached
+    assert r["speedup_to_our_final"] is None and r["cpu_s_per_step_ratio"] == pytest.approx(2.5)
+    assert [(c["step"], c["cpu_s"], c["expected_tau"]) for c in r["curves"]["ours"]] == [(2, 4.0, 1.4), (4, 8.0, 1.6)]
+    md = mod.compare_markdown({"date": "2026-12-06T00:00:00", "command": "x", **r})
+    assert "| 2 | 1.400 | – | 4.0 | – |" in md and "| 4 | 1.600 | 1.500 | 8.0 | 20.0 |" in md
+    assert "DeepSpec's CPU seconds to our final held-out E[τ] ÷ ours: not reached" in md
 
 
 @pytest.mark.integration
