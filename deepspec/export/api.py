@@ -152,12 +152,13 @@ def export_draft(ckpt_path, out, fmt: str, *, target_path: Optional[str] = None,
     with atomic_dir(out) as tmp:
         engine_cfg = None
         nothing_dropped = True
+        written = _stored_dtype(ckpt) if fmt != "hf" else None     # engine files keep the stored dtype
         if fmt == "hf":
             shutil.copy2(ckpt.path / CONFIG_NAME, tmp / CONFIG_NAME)
             shutil.copy2(ckpt.path / WEIGHTS_NAME, tmp / WEIGHTS_NAME)
         else:
             plan, engine_cfg = export_engine(fmt, drafter, target, tcfg, tmp, allow_drop_heads,
-                                             draft_meta=ckpt.draft, dtype=_stored_dtype(ckpt))
+                                             draft_meta=ckpt.draft, dtype=written)
             result.dropped, result.warnings = list(plan.dropped), list(plan.warnings)
             nothing_dropped = not plan.dropped
             for w in plan.warnings:
@@ -166,8 +167,7 @@ def export_draft(ckpt_path, out, fmt: str, *, target_path: Optional[str] = None,
                 log.warning("%s export: DROPPED %s", fmt, d)
         vocab_n = write_vocab_file(tmp, ckpt, result.warnings)
         if verify and drafter is not None:
-            result.verified = verify_export(tmp, fmt, drafter, target, nothing_dropped,
-                                            written_dtype=_stored_dtype(ckpt) if fmt != "hf" else None)
+            result.verified = verify_export(tmp, fmt, drafter, target, nothing_dropped, written_dtype=written)
             log.info("%s export verified: %s", fmt, ", ".join(f"{k}={v:.2e}" for k, v in result.verified.items()))
         card = model_card(ckpt, fmt, out=str(out), results=res, dropped=result.dropped, warnings=result.warnings,
                           target_path=tcfg.path if tcfg is not None else None, verifier=verifier,
