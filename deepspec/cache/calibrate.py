@@ -60,22 +60,38 @@ def prepare_codec_state(cfg, target, codec: Codec, src: Path, out: Path, old: Op
     """Fit (or, on resume, reload) a lossy codec's state; writes ``codec_state.arrow``.
 
     Returns the build.json entries ``codec_state`` (file + sha256) and ``codec_error``."""
-    p = out / CODEC_STATE
-    if old and isinstance(old.get("codec_state"), dict) and p.is_file():
-        data = p.read_bytes()
-        if sha256_bytes(data) == old["codec_state"].get("sha256"):
-            codec.load_state_arrays(state_from_bytes(data, str(p)))
-            log.info("codec %s: reusing the calibration in %s", codec.name, p)
-            return {"codec_state": old["codec_state"], "codec_error": old.get("codec_error")}
-        raise CacheCorruptError(f"{p}: sha256 differs from build.json; delete {out} and rebuild")
+    reused = reload_codec_state(codec, out, old)
+    if reused is not None:
+        return reused
     n = int(cfg.cache.calib_tokens)
     if n <= 0:
         raise CacheError(f"cache.calib_tokens must be positive, got {n}")
     feats, lasts = calibration_sample(cfg, target, src, n)
-    codec.calibrate([{"features": feats, "last_hidden": lasts}], hidden_size=int(target.hidden_size))
+    return fit_codec_state(codec, feats, lasts, int(target.hidden_size), list(target.layer_ids), out, rank)
+
+
+def reload_codec_state(codec: Codec, out: Path, old: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    """On resume: load the state recorded in the old build.json into ``codec`` and return its
+    build.json entries; None when there is none to reload (a damaged file is `CacheCorruptError`)."""
+    p = out / CODEC_STATE
+    if not (old and isinstance(old.get("codec_state"), dict) and p.is_file()):
+        return None
+    data = p.read_bytes()
+    if sha256_bytes(data) != old["codec_state"].get("sha256"):
+        raise CacheCorruptError(f"{p}: sha256 differs from build.json; delete {out} and rebuild")
+    codec.load_state_arrays(state_from_bytes(data, str(p)))
+    log.info("codec %s: reusing the calibration in %s", codec.name, p)
+    return {"codec_state": old["codec_state"], "codec_error": old.get("codec_error")}
+
+
+def fit_codec_state(codec: Codec, feats: torch.Tensor, lasts: torch.Tensor, hidden_size: int,
+                    layer_ids: List[int], out: Path, rank: int = 0) -> Dict[str, Any]:
+    """Calibrate ``codec`` on these tokens, measure its reconstruction error on them and write
+    ``out/codec_state.arrow``; returns the build.json entries ``codec_state`` and ``codec_error``."""
+    codec.calibrate([{"features": feats, "last_hidden": lasts}], hidden_size=hidden_size)
     data = state_to_bytes(codec.state_arrays())
-    err = reconstruction_error(codec, feats, lasts, int(target.hidden_size), list(target.layer_ids))
-    atomic_write_bytes(p, data, tag=f"r{rank}-")
+    err = reconstruction_error(codec, feats, lasts, hidden_size, layer_ids)
+    atomic_write_bytes(out / CODEC_STATE, data, tag=f"r{rank}-")
     log.info("codec %s calibrated on %d tokens: features rel. MSE %s", codec.name, feats.shape[0],
              ", ".join(f"{e['rel_mse']:.2e}" for e in err["features"]))
     return {"codec_state": {"file": CODEC_STATE, "sha256": sha256_bytes(data), "bytes": len(data)},

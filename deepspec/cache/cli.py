@@ -6,6 +6,8 @@
                                              coverage of the answer tokens, manifest
     deepspec cache build [OVERRIDES…] [--rank R --world-size W] [--regen PATH] [--no-wait]
     deepspec cache finalize DIR              merge shard sidecars into index + manifest
+    deepspec cache transcode SRC DST [cache=fp8 | cache.codec=lowrank cache.rank=64 …]
+                                             re-encode a finished cache with another codec (no target)
 
 Which codec to build with (lossless against lossy, end to end) is ``deepspec gate`` (`deepspec.plan.gate`).
 """
@@ -26,6 +28,7 @@ from .reconstruction import format_error_report
 from .errors import CacheError
 from .finalize import finalize_cache
 from .reader import CacheReader
+from .transcode import transcode_cache
 from .writer import build_cache
 
 
@@ -149,8 +152,23 @@ def _cmd_finalize(args) -> int:
     return 0
 
 
+def _cmd_transcode(args) -> int:
+    bad = [o for o in args.overrides if not o.lstrip("+~").startswith("cache")]
+    if bad:
+        raise CacheError(f"transcode takes cache overrides only (cache=fp8, cache.rank=64, …), got {bad[0]!r}")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        datefmt="%H:%M:%S")
+    cfg = load_config(list(args.overrides))
+    out = transcode_cache(args.src, args.dst, cfg.cache, progress=not args.no_progress)
+    a, b = CacheReader(args.src).stats(), CacheReader(out).stats()
+    print(f"{out}: {b['samples']:,} samples, {b['bytes_per_token']:,.1f} bytes/token "
+          f"({b['bytes_per_token'] / a['bytes_per_token']:.3f}x of {args.src}, "
+          f"compression {b['ratio_vs_raw']:.2f}x vs the raw layout)")
+    return 0
+
+
 def add_commands(sub) -> None:
-    """``verify``, ``info``, ``build`` and ``finalize`` on a subparsers object."""
+    """``verify``, ``info``, ``build``, ``finalize`` and ``transcode`` on a subparsers object."""
     v = sub.add_parser("verify", help="check every shard's sha256 and schema")
     v.add_argument("dir")
     v.add_argument("--decode", action="store_true", help="also decode every sample (zstd checksums)")
@@ -177,6 +195,13 @@ def add_commands(sub) -> None:
     f = sub.add_parser("finalize", help="write index + manifest once every shard is built")
     f.add_argument("dir")
     f.set_defaults(fn=_cmd_finalize)
+    t = sub.add_parser("transcode", help="re-encode a finished cache with another codec (no target forward)")
+    t.add_argument("src", help="a finished cache")
+    t.add_argument("dst", help="the new cache's directory (resumes a killed transcode)")
+    t.add_argument("overrides", nargs="*", help="the codec as cache overrides: cache=fp8, or cache=lowrank "
+                                                "cache.rank=64 cache.lowrank_coef=fp8, cache.calib_tokens=…")
+    t.add_argument("--no-progress", action="store_true")
+    t.set_defaults(fn=_cmd_transcode)
 
 
 def run_command(args) -> int:

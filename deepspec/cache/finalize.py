@@ -125,7 +125,7 @@ def _manifest(info: Dict, m: Dict) -> Dict:
         "software": _software(),
         "stored_column_bytes": m["column_bytes"],
     }
-    for k in ("codec_state", "codec_error"):  # lossy codecs (calibrate.py)
+    for k in ("codec_state", "codec_error", "transcoded_from"):  # lossy codecs (calibrate.py), transcode.py
         if info.get(k) is not None:
             manifest[k] = info[k]
     return manifest

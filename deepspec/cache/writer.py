@@ -127,7 +127,7 @@ def _build_shard(out: Path, k: int, records, target, codec: Codec, info: Dict[st
 
 
 # -- resume bookkeeping ------------------------------------------------------------------------------------
-def _committed(out: Path, k: int, key: str) -> bool:
+def committed(out: Path, k: int, key: str) -> bool:
     """Is shard k committed (sidecar of this build + shard file of the recorded size)?"""
     sc = out / sidecar_name(k)
     if not sc.is_file():
@@ -142,15 +142,15 @@ def _committed(out: Path, k: int, key: str) -> bool:
     return shard.is_file() and shard.stat().st_size == info.get("bytes")
 
 
-def _cleanup_rank(out: Path, rank: int) -> None:
+def cleanup_rank(out: Path, rank: int) -> None:
     for p in out.glob(f"{TMP_PREFIX}r{rank}-*"):
         p.unlink(missing_ok=True)
 
 
-def _remaining(out: Path, info: Dict[str, Any], rank: int, world: int) -> List[int]:
+def remaining_shards(out: Path, info: Dict[str, Any], rank: int, world: int) -> List[int]:
     todo = []
     for k in range(rank, info["num_shards"], world):
-        if _committed(out, k, info["build_key"]):
+        if committed(out, k, info["build_key"]):
             continue
         # uncommitted leftovers of a killed run: the sidecar goes first, then the shard
         (out / sidecar_name(k)).unlink(missing_ok=True)
@@ -216,8 +216,8 @@ def _build_cache(cfg, regen_path, target, *, rank, world_size, wait, progress, p
     if old is None or (codec.needs_calibration and "codec_state" not in old):
         atomic_write_json(out / BUILD_INFO, info, tag=f"r{rank}-")
     tag = f"r{rank}-"
-    _cleanup_rank(out, rank)
-    todo = _remaining(out, info, rank, world)
+    cleanup_rank(out, rank)
+    todo = remaining_shards(out, info, rank, world)
     S = info["shard_samples"]
     total = sum(max(0, min((k + 1) * S, n_lines) - k * S) for k in todo)
     log.info("rank %d/%d: %d of %d shards to build (%d records) into %s", rank, world, len(todo),

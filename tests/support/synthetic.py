@@ -33,3 +33,15 @@ def write_regen_jsonl(path, n: int, seed: int = 0, max_words: int = 60) -> Path:
         for i in range(n):
             f.write(json.dumps(make_conversation(rng, i, max_words)) + "\n")
     return path
+
+
+def tiny_cache_config(tmp, codec: str, **extra):
+    """A config building a small cache of ``tmp/regen.jsonl`` with ``codec`` on the tiny Llama target
+    (2 feature layers, 4 records per shard, a 400-token codec calibration) into ``tmp/cache-<codec>``."""
+    from deepspec.config import load_config
+    kw = {"run_dir": str(Path(tmp) / "run"), "target.path": "tiny:llama", "target.dtype": "float32",
+          "target.num_feature_layers": 2, "data.regen_path": str(Path(tmp) / "regen.jsonl"),
+          "data.max_length": 96, "cache.dir": str(Path(tmp) / f"cache-{codec}"), "cache.codec": codec,
+          "cache.shard_samples": 4, "cache.rank": 16, "cache.calib_tokens": 400}
+    kw.update(extra)
+    return load_config([f"{k}={v}" for k, v in kw.items()])

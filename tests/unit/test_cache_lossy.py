@@ -14,8 +14,7 @@ from deepspec.cache.reconstruction import reconstruction_error
 from deepspec.cache.errors import CacheCorruptError, CacheError
 from deepspec.cache.format import state_from_bytes, state_to_bytes
 from deepspec.cache.writer import build_cache
-from tests.support.synthetic import write_regen_jsonl
-from deepspec.config import load_config
+from tests.support.synthetic import tiny_cache_config, write_regen_jsonl
 from deepspec.targets import load_target
 
 H, L = 64, 3
@@ -183,13 +182,7 @@ def test_reconstruction_error_report_matches_direct_measure():
 
 
 # -- builds on the tiny target --------------------------------------------------------------------------
-def _cfg(tmp, codec, **extra):
-    kw = {"run_dir": str(tmp / "run"), "target.path": "tiny:llama", "target.dtype": "float32",
-          "target.num_feature_layers": 2, "data.regen_path": str(tmp / "regen.jsonl"), "data.max_length": 96,
-          "cache.dir": str(tmp / f"cache-{codec}"), "cache.codec": codec, "cache.shard_samples": 4,
-          "cache.rank": 16, "cache.calib_tokens": 400}
-    kw.update(extra)
-    return load_config([f"{k}={v}" for k, v in kw.items()])
+_cfg = tiny_cache_config
 
 
 @pytest.fixture(scope="module")
