@@ -19,7 +19,7 @@ import contextlib
 import json
 import math
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -136,9 +136,9 @@ def run(args) -> Path:
     return run_dir / "checkpoints" / f"step_{args.steps}"
 
 
-def _curve(run_dir: Path, p1: Optional[List[Optional[float]]] = None):
-    """(cumulative training CPU seconds, held-out E[τ], step) at each held-out evaluation of a run's
-    metrics.jsonl; the position-1 acceptance of each evaluation is appended to ``p1`` when given."""
+def _curve(run_dir: Path) -> List[Tuple[float, float, int, Optional[float]]]:
+    """(cumulative training CPU seconds, held-out E[τ], step, position-1 acceptance) at each held-out
+    evaluation of a run's metrics.jsonl."""
     cpu, out = 0.0, []
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
     last_step = 0
@@ -147,18 +147,16 @@ def _curve(run_dir: Path, p1: Optional[List[Optional[float]]] = None):
             cpu += r["step_cpu_s"] * (r["step"] - last_step)
             last_step = r["step"]
         if "eval/expected_tau" in r:
-            out.append((cpu, r["eval/expected_tau"], r["step"]))
-            if p1 is not None:
-                p1.append(r.get("eval/accept_rate/1"))
+            out.append((cpu, r["eval/expected_tau"], r["step"], r.get("eval/accept_rate/1")))
     return out
 
 
 def _seconds_to(curve, tau: float):
     """The training CPU seconds at which a curve first reaches ``tau`` (linear between evaluations), or None."""
-    prev = (0.0, 1.0, 0)
+    prev = (0.0, 1.0)
     for point in curve:
         if point[1] >= tau:
-            (c0, t0, _), (c1, t1, _) = prev, point
+            (c0, t0), (c1, t1) = prev[:2], point[:2]
             return c0 + (c1 - c0) * ((tau - t0) / (t1 - t0) if t1 != t0 else 1.0)
         prev = point
     return None
@@ -167,8 +165,7 @@ def _seconds_to(curve, tau: float):
 def compare(ours: Path, theirs: Path) -> Dict:
     """Final held-out E[τ] of each run, the training CPU seconds each needs to reach the other's, and both
     curves (step, CPU seconds so far, held-out E[τ], position-1 acceptance)."""
-    pa, pb = [], []
-    a, b = _curve(ours, pa), _curve(theirs, pb)
+    a, b = _curve(ours), _curve(theirs)
     out = {"ours": {"run_dir": str(ours), "final_tau": a[-1][1], "steps": a[-1][2], "cpu_s": a[-1][0]},
            "deepspec": {"run_dir": str(theirs), "final_tau": b[-1][1], "steps": b[-1][2], "cpu_s": b[-1][0]}}
     t_ours = _seconds_to(a, b[-1][1])
@@ -179,8 +176,8 @@ def compare(ours: Path, theirs: Path) -> Dict:
     out["speedup_to_our_final"] = t_theirs / a[-1][0] if t_theirs else None
     out["cpu_s_per_step_ratio"] = (b[-1][0] / b[-1][2]) / (a[-1][0] / a[-1][2])
     out["curves"] = {side: [{"step": st, "cpu_s": round(c, 1), "expected_tau": t, "accept_1": p}
-                            for (c, t, st), p in zip(curve, p1)]
-                     for side, curve, p1 in (("ours", a, pa), ("deepspec", b, pb))}
+                            for c, t, st, p in curve]
+                     for side, curve in (("ours", a), ("deepspec", b))}
     return out
 
 
@@ -197,11 +194,10 @@ def compare_markdown(rec: Dict) -> str:
     for st in sorted(set(ours) | set(theirs)):
         o, t = ours.get(st), theirs.get(st)
         lines.append(f"| {st} | {fmt(o)} | {fmt(t)} | {o['cpu_s'] if o else '–'} | {t['cpu_s'] if t else '–'} |")
-    r = rec
-    lines += ["", f"Training CPU seconds per step, DeepSpec ÷ ours: {r['cpu_s_per_step_ratio']:.2f}.",
+    lines += ["", f"Training CPU seconds per step, DeepSpec ÷ ours: {rec['cpu_s_per_step_ratio']:.2f}.",
               "DeepSpec's CPU seconds to our final held-out E[τ] ÷ ours: "
-              + (f"{r['speedup_to_our_final']:.2f}" if r["speedup_to_our_final"] else "not reached") + ".",
+              + (f"{rec['speedup_to_our_final']:.2f}" if rec["speedup_to_our_final"] else "not reached") + ".",
               "Our CPU seconds to DeepSpec's final: "
-              + (f"{r['ours_seconds_to_deepspec_final']:.0f}" if r["ours_seconds_to_deepspec_final"]
+              + (f"{rec['ours_seconds_to_deepspec_final']:.0f}" if rec["ours_seconds_to_deepspec_final"]
                  else "not reached") + "."]
     return "\n".join(lines) + "\n"
