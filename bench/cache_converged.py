@@ -12,7 +12,9 @@ transcodes of it (`deepspec cache transcode`), each scored
     .venv/bin/python bench/cache_converged.py --run bf16=RUN:CACHE fp8=RUN:CACHE lr64=RUN:CACHE \
         --evals bench/results/eval_drafters-cache_gate_t1.json --label converged
 
-The first ``--run`` is the lossless baseline.  Writes ``bench/results/cache_gate-LABEL.{json,md}``.
+The first ``--run`` is the lossless baseline.  A further run on a lossless cache (the same data, another seed)
+is a control: its ratio is the run-to-run spread a codec's ratio must be read against.  Writes
+``bench/results/cache_gate-LABEL.{json,md}``.
 """
 from __future__ import annotations
 
@@ -115,7 +117,7 @@ def markdown(rec: Dict) -> str:
         params = ",".join(f"{k}={v}" for k, v in sorted(c["params"].items()) if k in ("rank", "coef"))
         er = r.get("eval_tau_ratio")
         ci = r.get("eval_tau_ratio_ci95")
-        within = "baseline" if label == rec["baseline"] else "–" if er is None else (
+        within = "baseline" if label == rec["baseline"] else "control" if r["lossless"] else "–" if er is None else (
             "yes" if er >= 1 - tol and r["heldout_ratio_lossless_features"] >= 1 - tol else "no")
         lines.append(
             f"| {label} | {c['name']}{(' ' + params) if params else ''} | {r['bytes_per_token']:,.0f} | "
