@@ -33,7 +33,7 @@ from .buildinfo import build_key, check_existing
 from .calibrate import fit_codec_state, reload_codec_state
 from .finalize import finalize_cache
 from .reader import CacheReader
-from .writer import cleanup_rank, remaining_shards
+from .writer import cleanup_rank, remaining_shards, shard_meta
 
 log = logging.getLogger(__name__)
 
@@ -114,16 +114,12 @@ def transcode_cache(src_dir, dst_dir, cache_cfg, progress: bool = True) -> Path:
         atomic_write_json(out / BUILD_INFO, info, tag="r0-")
     cleanup_rank(out, 0)
     todo = remaining_shards(out, info, 0, 1)
-    meta = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "codec": info["codec"],
-            "feature_dim": info["feature_dim"], "hidden_size": info["hidden_size"], "build_key": info["build_key"]}
-    if info.get("codec_state"):
-        meta["codec_state_sha256"] = info["codec_state"]["sha256"]
     total = sum(src.manifest["shards"][k]["samples"] for k in todo)
     with tqdm(total=total, desc=f"transcode → {codec.name}", unit="sample", disable=not progress,
               dynamic_ncols=True) as bar:
         for k in todo:
             got = _rows(src, k, codec)
-            writer = ShardWriter(out, k, {**meta, "shard": k}, tag="r0-")
+            writer = ShardWriter(out, k, shard_meta(info, k), tag="r0-")
             try:
                 writer.write_rows(got["rows"])
                 writer.commit({"format_version": FORMAT_VERSION, "build_key": info["build_key"],

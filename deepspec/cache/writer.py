@@ -83,16 +83,21 @@ class _Progress:
             self.bar.close()
 
 
-def _build_shard(out: Path, k: int, records, target, codec: Codec, info: Dict[str, Any], cfg, src: Path,
-                 pool: ThreadPoolExecutor, progress: _Progress, tag: str) -> Dict[str, Any]:
-    skipped: List[Dict[str, Any]] = []
-    items = tokenize_records(target, records, src, int(cfg.data.max_length), cfg.data.on_error, skipped)
+def shard_meta(info: Dict[str, Any], k: int) -> Dict[str, Any]:
+    """The schema metadata of shard ``k`` of the build described by ``info`` (build.json)."""
     meta = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "codec": info["codec"],
             "feature_dim": info["feature_dim"], "hidden_size": info["hidden_size"], "shard": k,
             "build_key": info["build_key"]}
     if info.get("codec_state"):  # lossy codecs: shards are tied to their fitted codec state
         meta["codec_state_sha256"] = info["codec_state"]["sha256"]
-    writer = ShardWriter(out, k, meta, tag=tag)
+    return meta
+
+
+def _build_shard(out: Path, k: int, records, target, codec: Codec, info: Dict[str, Any], cfg, src: Path,
+                 pool: ThreadPoolExecutor, progress: _Progress, tag: str) -> Dict[str, Any]:
+    skipped: List[Dict[str, Any]] = []
+    items = tokenize_records(target, records, src, int(cfg.data.max_length), cfg.data.on_error, skipped)
+    writer = ShardWriter(out, k, shard_meta(info, k), tag=tag)
     pad_id = pad_token_id(target)
     pending: deque = deque()
 
