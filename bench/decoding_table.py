@@ -6,7 +6,8 @@
 
 Rows per drafter (``--drafter NAME=CHECKPOINT``; ``NAME=none`` = the reference drafter NAME, ``no_draft``:
 prompt lookup without a draft model): ``chain``, ``tree`` (NxW) and ``tree + lookup`` (NxWlK), at each of
-``--temperatures`` (0 = greedy), the target in ``--dtype``; then the best tree + lookup greedy with the
+``--temperatures`` (0 = greedy), the target in ``--dtype`` (``--kinds NAME=lookup`` measures only some kinds
+for a drafter, e.g. a drafter whose chains another record already holds); then the best tree + lookup greedy with the
 target in float32 (``--fp32-row``) and with row-invariant verification (``--row-invariant-row``,
 `eval.row_invariant`).  Then transformers' plain ``generate`` and prompt-lookup ``generate``
 (``prompt_lookup_num_tokens``) on the same prompts, and assisted generation where ``--assistant`` names a
@@ -96,6 +97,22 @@ def parse_drafter(s: str):
     return name, None if ckpt == "none" else ckpt
 
 
+KINDS = ("chain", "tree", "lookup")
+
+
+def parse_kinds(specs: List[str]) -> Dict[str, List[str]]:
+    """``--kinds NAME=KIND,…``: the row kinds measured for drafter NAME (default: every kind)."""
+    out: Dict[str, List[str]] = {}
+    for s in specs:
+        name, sep, kinds = s.partition("=")
+        got = [k for k in kinds.split(",") if k]
+        bad = sorted(set(got) - set(KINDS))
+        if not sep or not name or not got or bad:
+            raise SystemExit(f"--kinds {s!r}: expected NAME=KIND[,KIND…] with KIND among {', '.join(KINDS)}")
+        out[name] = got
+    return out
+
+
 def eval_overrides(args, drafter, setting: Dict[str, Any], T: float, data: Dict[str, Any], out: Path,
                    extra: List[str]) -> List[str]:
     name, ckpt = drafter
@@ -154,6 +171,8 @@ def drafter_rows(args, drafter, work: Path, tuning: Dict[str, Any]) -> Dict[str,
     rows: Dict[str, Dict[str, Any]] = {}
     kinds = [("lookup", args.lookups)] if drafter[1] is None and drafter[0] == "no_draft" else \
         [("chain", ["chain"]), ("tree", args.trees), ("lookup", args.lookups)]
+    only = parse_kinds(args.kinds).get(drafter[0])
+    kinds = [k for k in kinds if only is None or k[0] in only]
     best_lookup = None
     for T in args.temperatures:
         for kind, cands in kinds:
@@ -272,6 +291,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 1.0])
     p.add_argument("--trees", nargs="+", default=["tree16x8"], help="tree candidates (treeNxW)")
     p.add_argument("--lookups", nargs="+", default=["tree16x8l3"], help="tree + lookup candidates (treeNxWlK)")
+    p.add_argument("--kinds", action="append", default=[], metavar="NAME=KIND,…",
+                   help="only these row kinds (chain, tree, lookup) for drafter NAME (default: all)")
     p.add_argument("--fp32-row", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--row-invariant-row", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--benchmarks", nargs="+", default=DOMAIN_BENCHES)
@@ -312,6 +333,9 @@ def main(argv=None) -> Dict[str, Any]:
     if not args.drafter:
         parser.error("--drafter NAME=CHECKPOINT is required (unless --write-tune-prompts)")
     drafters = [parse_drafter(s) for s in args.drafter]
+    unknown = sorted(set(parse_kinds(args.kinds)) - {n for n, _ in drafters})
+    if unknown:
+        parser.error(f"--kinds names no --drafter: {', '.join(unknown)}")
     for c in ["chain", *args.trees, *args.lookups]:
         parse_setting(f"{c}@{args.dtype}")
     work = Path(args.work) / (args.label or "default")

@@ -63,6 +63,16 @@ def test_decoding_table_record(tmp_path, eval_data_dir, bench_module):
         mod.main([a if a != "3" else "4" for a in args])
     with pytest.raises(SystemExit, match="NAME=CHECKPOINT"):
         mod.parse_drafter("eagle3")
+    # --kinds: only eagle3's tree + lookup rows (reused from above; its chains and trees left out)
+    i = args.index("no_draft=none")
+    part = mod.main(args[:i - 1] + args[i + 1:] + ["--kinds", "eagle3=lookup", "--out", str(tmp_path / "part.json")])
+    got = [(r["setting"], r["temperature"], r["row_invariant"]) for r in part["rows"].values() if r["kind"] == "deepspec"]
+    assert got == [(chosen["eagle3/lookup/T0"], 0, False), (chosen["eagle3/lookup/T1"], 1, False),
+                   (chosen["eagle3/lookup/T0"], 0, True)]
+    with pytest.raises(SystemExit, match="--kinds"):
+        mod.parse_kinds(["eagle3=chains"])
+    with pytest.raises(SystemExit):                     # names no drafter
+        mod.main(args + ["--kinds", "dflash=chain"])
 
 
 def test_tune_prompts_are_a_benchmark_file(tmp_path, bench_module):
