@@ -51,7 +51,7 @@ from .latency import format_round_split, round_split
 from .metrics import (acceptance_metrics, cumulative_confidence_points, macro_average, nanmean, reliability,
                       speed_metrics, threshold_sweep)
 from .report import make_plots, write_report
-from .setup import load_eval_drafter
+from .setup import adopt_checkpoint_layers, load_eval_drafter
 
 log = logging.getLogger(__name__)
 
@@ -324,6 +324,7 @@ def run(cfg) -> Dict[str, Any]:
             read_checkpoint_config(ec.checkpoint)
         except FileNotFoundError as e:
             raise FileNotFoundError(f"eval.checkpoint={ec.checkpoint}: {e}") from None
+        adopt_checkpoint_layers(cfg)
     check_target_source(cfg.target)
     out = eval_dir(cfg)
     out.mkdir(parents=True, exist_ok=True)

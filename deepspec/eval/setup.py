@@ -8,12 +8,13 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 
 from ..config import ConfigError
+from ..drafts.checkpoint import read_checkpoint_config
 from ..drafts.registry import build_drafter, load_drafter
 from ..targets.loader import resolve_dtype
 
 log = logging.getLogger(__name__)
 
-__all__ = ["draft_dtype", "drafter_gamma", "load_eval_drafter"]
+__all__ = ["adopt_checkpoint_layers", "draft_dtype", "drafter_gamma", "load_eval_drafter"]
 
 
 def drafter_gamma(drafter, default: int = 7) -> int:
@@ -35,6 +36,19 @@ def draft_dtype(name: Optional[str], target) -> Optional[torch.dtype]:
         return resolve_dtype(name)
     except ValueError:
         raise ConfigError(f"eval.draft_dtype={name!r}: choose float32, bfloat16, float16, target or null") from None
+
+
+def adopt_checkpoint_layers(cfg) -> None:
+    """With ``target.layer_ids`` unset, read the target layers ``eval.checkpoint`` was trained on (an Eagle3
+    reads 3, a parallel drafter the target group's default 5, a recipe its own) instead of the target group's
+    default, so that any checkpoint evaluates without naming its layers.  Set ids that differ stay an error
+    (`deepspec.drafts.checkpoint.check_target`)."""
+    if not cfg.eval.checkpoint or cfg.target.layer_ids is not None:
+        return
+    saved = (read_checkpoint_config(cfg.eval.checkpoint).get("target") or {}).get("layer_ids")
+    if saved:
+        cfg.target.layer_ids = [int(i) for i in saved]
+        log.info("eval: target.layer_ids=%s, as eval.checkpoint was trained on", cfg.target.layer_ids)
 
 
 def load_eval_drafter(cfg, target) -> Tuple[Any, Dict[str, Any]]:
