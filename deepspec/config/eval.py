@@ -34,9 +34,10 @@ class EvalConfig:
     # same node budget (`deepspec.decoding.lookup`).  0 = off; None = the drafter's default (else 0 / 1).
     lookup_ngram: Optional[int] = None
     lookup_min_ngram: Optional[int] = None
-    # Verify every row through the one-token attention call of plain decoding, so that bf16 outputs equal
-    # plain bf16 decoding's where the target's matmuls are batch-invariant (`deepspec.decoding.row_invariant`;
-    # costs one small attention call per row and layer).
+    # Verify every row through the one-token attention call of plain decoding: bf16 rows then round like
+    # one-token steps only where the target's matmuls are batch-invariant too, which the reference target's
+    # bf16 GEMMs on CPU are not (71/120 identical outputs, 2026-12-07; `deepspec.decoding.row_invariant`);
+    # costs one small attention call per row and layer.  For identical greedy outputs use a float32 target.
     row_invariant: bool = False
     # The drafter's weights while decoding: null = as saved (fp32), float32 | bfloat16 | float16, or
     # "target" = the target's dtype.  The verification stays the target's, so any dtype is lossless.

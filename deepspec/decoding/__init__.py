@@ -8,7 +8,8 @@
 - `tree`: draft trees (`grow_tree` over a drafter's `TreeExpansion`), `tree_mask` (the target's ancestor
   mask and positions), `lookup` (prompt lookup grafted onto trees), `tree_accept` (greedy and
   multi-candidate sampled acceptance), `tree_loop` (`tree_generate`)
-- `row_invariant`: verification rows through the one-token attention call (bf16 outputs = plain bf16 decoding)
+- `row_invariant`: verification rows through the one-token attention call (bit-equal rows where the matmuls are
+  batch-invariant)
 - `settings`: which of them a run uses, from the eval config
 
 The loops never name an algorithm: they drive any drafter through the decoding API of `deepspec.drafts`.

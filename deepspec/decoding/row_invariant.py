@@ -3,14 +3,17 @@
 A verification forward computes ℓ + 1 (or a tree's n + 1) rows at once.  In bf16 its rows can round
 differently from plain decoding's one-token forwards, so a speculative output may differ from plain bf16
 decoding's (measured 2026-12-05, SmolLM2-135M bf16 on one CPU thread: 70 of 120 eval outputs identical;
-fp32: all).  On this CPU the difference comes from attention alone: the linear layers (oneDNN bf16 GEMMs),
-norms and rotary embeddings give each row the bits a one-row call gives, but a masked multi-query SDPA call
-reduces differently from the unmasked one-query call of a decoding step.
+fp32: all).  Two things round differently: a masked multi-query SDPA call reduces differently from the
+unmasked one-query call of a decoding step, and a bf16 GEMM over several rows can accumulate differently from
+a one-row call (oneDNN on this CPU: SmolLM2's MLP down-projection, 1,536 → 576, differs in some rows at 2, 8
+and 17 rows; its q/k/v/o, gate and up projections matched in the rows traced, 2026-12-07).
 
 `row_invariant_attention` therefore runs each query row through exactly the call a decoding step makes —
 one query, its own keys (the cache, then its ancestors in order: a chain's earlier rows, a tree path's
 nodes), no mask — so each row's logits are bit-identical to plain decoding of its path wherever the
-target's matmuls are batch-invariant (tested: `tests/unit/test_decoding_row_invariant.py`).  The price is
+target's matmuls are batch-invariant (tested on tiny targets: `tests/unit/test_decoding_row_invariant.py`).  The
+GEMMs are left as they are: on SmolLM2 in bf16 the option raised identical outputs only from 68 to 71 of 120
+(`bench/results/decoding_table-t120_greedy`); a float32 target gives 120 of 120.  The price is
 one small attention call per row and layer (`bench/decode_cost.py row-invariant` measures it).
 """
 from __future__ import annotations
