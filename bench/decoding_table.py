@@ -9,7 +9,8 @@ prompt lookup without a draft model): ``chain``, ``tree`` (NxW) and ``tree + loo
 ``--temperatures`` (0 = greedy), the target in ``--dtype`` (``--kinds NAME=lookup`` measures only some kinds
 for a drafter, e.g. a drafter whose chains another record already holds); then the best tree + lookup greedy with the
 target in float32 (``--fp32-row``) and with row-invariant verification (``--row-invariant-row``,
-`eval.row_invariant`).  Then transformers' plain ``generate`` and prompt-lookup ``generate``
+`eval.row_invariant`), for the drafters ``--exact-rows-for`` names (default: all).  Then transformers' plain
+``generate`` and prompt-lookup ``generate``
 (``prompt_lookup_num_tokens``) on the same prompts, and assisted generation where ``--assistant`` names a
 smaller model of the target's tokenizer (the table says when none was given).
 
@@ -180,6 +181,8 @@ def drafter_rows(args, drafter, work: Path, tuning: Dict[str, Any]) -> Dict[str,
             if kind == "lookup" and T == 0:
                 best_lookup = name
             rows[f"{drafter[0]} {name} T={T:g} {args.dtype}"] = _eval_row(args, drafter, name, args.dtype, T, work, [])
+    if args.exact_rows_for is not None and drafter[0] not in args.exact_rows_for:
+        return rows
     if best_lookup and args.fp32_row and args.dtype != "float32":
         rows[f"{drafter[0]} {best_lookup} T=0 float32"] = _eval_row(args, drafter, best_lookup, "float32", 0, work, [])
     if best_lookup and args.row_invariant_row:
@@ -295,6 +298,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="only these row kinds (chain, tree, lookup) for drafter NAME (default: all)")
     p.add_argument("--fp32-row", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--row-invariant-row", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--exact-rows-for", nargs="*", default=None, metavar="NAME",
+                   help="the drafters given the float32 and row-invariant rows (default: every drafter)")
     p.add_argument("--benchmarks", nargs="+", default=DOMAIN_BENCHES)
     p.add_argument("--max-samples", type=int, default=20)
     p.add_argument("--max-new-tokens", type=int, default=40)
@@ -333,9 +338,9 @@ def main(argv=None) -> Dict[str, Any]:
     if not args.drafter:
         parser.error("--drafter NAME=CHECKPOINT is required (unless --write-tune-prompts)")
     drafters = [parse_drafter(s) for s in args.drafter]
-    unknown = sorted(set(parse_kinds(args.kinds)) - {n for n, _ in drafters})
+    unknown = sorted((set(parse_kinds(args.kinds)) | set(args.exact_rows_for or ())) - {n for n, _ in drafters})
     if unknown:
-        parser.error(f"--kinds names no --drafter: {', '.join(unknown)}")
+        parser.error(f"--kinds / --exact-rows-for name no --drafter: {', '.join(unknown)}")
     for c in ["chain", *args.trees, *args.lookups]:
         parse_setting(f"{c}@{args.dtype}")
     work = Path(args.work) / (args.label or "default")

@@ -69,6 +69,9 @@ def test_decoding_table_record(tmp_path, eval_data_dir, bench_module):
     got = [(r["setting"], r["temperature"], r["row_invariant"]) for r in part["rows"].values() if r["kind"] == "deepspec"]
     assert got == [(chosen["eagle3/lookup/T0"], 0, False), (chosen["eagle3/lookup/T1"], 1, False),
                    (chosen["eagle3/lookup/T0"], 0, True)]
+    none = mod.main(args[:i - 1] + args[i + 1:] + ["--kinds", "eagle3=lookup", "--exact-rows-for", "--out",
+                                                   str(tmp_path / "none.json")])
+    assert not any(r.get("row_invariant") for r in none["rows"].values()) and len(none["rows"]) == len(part["rows"]) - 1
     with pytest.raises(SystemExit, match="--kinds"):
         mod.parse_kinds(["eagle3=chains"])
     with pytest.raises(SystemExit):                     # names no drafter
