@@ -28,6 +28,11 @@ to A's and B's per-request totals (samples.jsonl) alike; the ratio of the two ma
 resample.  Under greedy decoding both evals decode the target's own greedy text, so the requests (turns
 of mt-bench included) are the same; sampled evals are paired by prompt only.
 
+The record keeps each eval's per-request totals (``request_totals``), so ``--from-record RECORD.json:NAME``
+brings a drafter of an earlier record into this one, ratios included, without its eval directory: its eval
+settings must equal this run's (same prompts, budget, temperature, seed and extra overrides), else the
+script stops naming the setting that differs.
+
 ``--no-eval`` decodes nothing and combines evals that finished earlier under ``--work/eval/LABEL`` (for
 instance one invocation per drafter, started as each training run finished) into one record with the
 ratios; each eval keeps the settings it ran with (its results.json and eval_drafters.yaml say which).
@@ -62,7 +67,7 @@ sys.path.insert(0, str(REPO))
 
 from bench.eval_tables import (acceptance, bin_names, cached_paths, confidence_markdown, eval_settings,  # noqa: E402
                                eval_summary, fmt_ci, greedy_paths, markdown, paired_ratio, read_jsonl, read_rounds,
-                               request_table, target_shares)
+                               request_table, target_shares, totals_from_json, totals_to_json)
 from bench.records import header, repo_relative, write_record  # noqa: E402
 from bench.workdir import DOMAIN_BENCHES  # noqa: E402
 from deepspec.train.checkpoint import CheckpointError, is_complete, latest_checkpoint, run_config_path  # noqa: E402
@@ -221,6 +226,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--paths", default=None, metavar="JSON",
                    help="with --confidence: keep the target's greedy paths here (read when written for the same "
                         "target and prompts, else decoded and written)")
+    p.add_argument("--from-record", nargs="+", action="extend", default=[], metavar="RECORD.json:NAME",
+                   help="a drafter of an earlier eval_drafters record (its results and per-request totals) in "
+                        "this record and its ratios, decoded by nobody here; same eval settings required")
     p.add_argument("--out", default=None, help="record path (default: bench/results/eval_drafters[-LABEL].json)")
     p.add_argument("--note", action="append", default=[], metavar="TEXT",
                    help="a line of the record's notes (e.g. what was sized down and why); repeatable")
@@ -271,6 +279,7 @@ def collect(args, job: Dict[str, str], d: Dict[str, Any]) -> None:
         print(f"{job['label']}: {d['error']}", flush=True)
         return
     d["result"] = eval_summary(json.loads(res.read_text()))
+    d["request_totals"] = totals_to_json(request_table(read_jsonl(Path(job["eval_dir"]) / "samples.jsonl")))
     m = d["result"].get("macro") or {}
     print(f"{job['label']}: {'reused' if r['reused'] else 'evaluated'} in {r['eval_s']:.0f} s, macro τ "
           f"{fmt_ci(m.get('tau'), m.get('tau_ci95'), 3)}", flush=True)
@@ -283,11 +292,58 @@ def ratios(drafters: Dict[str, Dict[str, Any]], pairs, resamples: int, seed: int
         if not (drafters[a].get("result") and drafters[b].get("result")):
             out[key] = {"error": "an eval failed"}
             continue
-        ta, tb = (request_table(read_jsonl(Path(drafters[x]["eval_dir"]) / "samples.jsonl")) for x in (a, b))
         try:
+            ta, tb = request_tables(drafters[a], a), request_tables(drafters[b], b)
             out[key] = paired_ratio(ta, tb, resamples, seed)
         except ValueError as e:
             out[key] = {"error": str(e)}
+    return out
+
+
+def request_tables(d: Dict[str, Any], label: str):
+    """A drafter's per-request totals: from its eval directory's samples.jsonl, else from the record that
+    kept them (``--from-record``)."""
+    samples = Path(d.get("eval_dir") or "") / "samples.jsonl"
+    if d.get("eval_dir") and samples.is_file():
+        return request_table(read_jsonl(samples))
+    if d.get("request_totals"):
+        return totals_from_json(d["request_totals"])
+    raise ValueError(f"{label}: no per-request totals ({samples} is missing and its record kept none)")
+
+
+# what must be equal for two evals' requests to pair (the bootstrap's resample count does not change them)
+PAIRING_SETTINGS = ("benchmarks", "max_samples", "max_new_tokens", "temperature", "multi_turn", "data_dir", "seed",
+                    "extra")
+
+
+def imported_drafters(specs: Sequence[str], settings: Dict[str, Any], taken: Sequence[str]) -> Dict[str, Dict[str, Any]]:
+    """``--from-record RECORD.json:NAME``: drafters of earlier records, with their results and totals."""
+    out: Dict[str, Dict[str, Any]] = {}
+    for spec in specs:
+        path, sep, name = spec.rpartition(":")
+        if not sep or not path or not name:
+            raise SystemExit(f"--from-record {spec!r}: expected RECORD.json:NAME")
+        rec_path = resolve_path(path, [Path.cwd(), REPO])
+        try:
+            rec = json.loads(rec_path.read_text())
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"--from-record {spec!r}: cannot read {rec_path}: {e}") from None
+        d = (rec.get("drafters") or {}).get(name)
+        if d is None:
+            raise SystemExit(f"--from-record {spec!r}: {rec_path} has no drafter {name!r} "
+                             f"(it has {sorted(rec.get('drafters') or {})})")
+        if not d.get("request_totals"):
+            raise SystemExit(f"--from-record {spec!r}: {rec_path} kept no per-request totals for {name!r} "
+                             "(records written before they were kept); evaluate it again")
+        theirs = rec.get("eval_settings") or {}
+        for key in PAIRING_SETTINGS:
+            if theirs.get(key) != settings.get(key):
+                raise SystemExit(f"--from-record {spec!r}: eval_settings.{key} is {theirs.get(key)!r} there and "
+                                 f"{settings.get(key)!r} here; the requests would not pair")
+        if name in out or name in taken:
+            raise SystemExit(f"--from-record {spec!r}: a drafter named {name!r} is already in this record")
+        out[name] = {**d, "from_record": repo_relative(str(rec_path)), "eval_dir": None, "reused": True,
+                     "eval_s": 0.0}
     return out
 
 
@@ -322,16 +378,18 @@ def main(argv=None) -> int:
     if args.confidence:
         return confidence(args)
     work = Path(args.work or REPO / "bench" / "work" / f"eval_drafters{'-' + args.label if args.label else ''}")
-    drafters = select_drafters(args.curve, args.run, args.only)
-    pairs = parse_ratios(args.ratio, list(drafters))
+    drafters = select_drafters(args.curve, args.run, args.only) if (args.curve or args.run or not args.from_record) else {}
+    settings = {"benchmarks": list(args.benchmarks), "max_samples": args.max_samples,
+                "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
+                "multi_turn": args.multi_turn, "data_dir": str(Path(args.data_dir).resolve()),
+                "bootstrap_resamples": args.resamples, "seed": args.seed, "extra": list(args.extra)}
+    imported = imported_drafters(args.from_record, settings, list(drafters))
     jobs = eval_jobs(args, drafters, work)
+    drafters.update(imported)
+    pairs = parse_ratios(args.ratio, list(drafters))
     import torch  # noqa: F401  (loaded, so header() records its version and threads)
     record = header(label=args.label, args=vars(args), jobs=args.jobs, threads=args.threads,
-                    eval_settings={"benchmarks": list(args.benchmarks), "max_samples": args.max_samples,
-                                   "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
-                                   "multi_turn": args.multi_turn, "data_dir": str(Path(args.data_dir).resolve()),
-                                   "bootstrap_resamples": args.resamples, "seed": args.seed, "extra": list(args.extra)},
-                    drafters=drafters, notes=list(args.note))
+                    eval_settings=settings, drafters=drafters, notes=list(args.note))
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         list(pool.map(lambda job: collect(args, job, drafters[job["label"]]), jobs))
     record["machine"]["loadavg_end"] = list(os.getloadavg())

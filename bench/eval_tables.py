@@ -5,7 +5,8 @@
   domain and macro, conditional acceptance by position, speedups, the per-round split).
 - `request_table` + `paired_ratio`: per-request totals from an eval's samples.jsonl and the paired,
   benchmark-stratified bootstrap of the ratio of two evals' macro τ (`deepspec.eval.bootstrap`'s resampling,
-  the same index draws applied to both).
+  the same index draws applied to both); `totals_to_json` / `totals_from_json`: those totals as a record
+  keeps them (a later record pairs with a drafter of an earlier one whose eval directory is gone).
 - `markdown`: the record's tables.
 - the ``--confidence`` analysis (`greedy_paths`, `target_shares`, `acceptance`, `confidence_markdown`): finished
   greedy evals of the same prompts against the target's confidence along its own greedy path.  The
@@ -81,6 +82,24 @@ def request_table(rows: Sequence[Mapping[str, Any]]) -> Dict[str, Tuple[List[str
             base_tokens=np.array([r["baseline"]["generated_tokens"] for r in rs], dtype=f) if base else None,
             base_time=np.array([r["baseline"]["time_s"] or 0.0 for r in rs], dtype=f) if base else None))
     return out
+
+
+TOTAL_FIELDS = ("tau_tokens", "rounds", "spec_tokens", "spec_time", "base_tokens", "base_time")
+
+
+def totals_to_json(table: Mapping[str, Tuple[List[str], RequestTotals]]) -> Dict[str, Dict[str, Any]]:
+    """A `request_table` as a record keeps it, so later records can pair with this eval without its directory."""
+    return {name: {"ids": list(ids), **{f: None if getattr(t, f) is None else getattr(t, f).tolist()
+                                          for f in TOTAL_FIELDS}}
+            for name, (ids, t) in table.items()}
+
+
+def totals_from_json(data: Mapping[str, Mapping[str, Any]]) -> Dict[str, Tuple[List[str], RequestTotals]]:
+    """`totals_to_json`'s inverse."""
+    def arr(v):
+        return None if v is None else np.asarray(v, dtype=np.float64)
+    return {name: (list(d["ids"]), RequestTotals(**{f: arr(d.get(f)) for f in TOTAL_FIELDS}))
+            for name, d in data.items()}
 
 
 def _tau(t: RequestTotals) -> float:

@@ -1,6 +1,7 @@
 """bench/eval_drafters.py + bench/eval_tables.py: the paired τ-ratio bootstrap on per-request rows, what a
 record keeps of an eval's results.json, the markdown of a record, and which checkpoint and config of a
 training run directory are evaluated."""
+import dataclasses
 import itertools
 import json
 import random
@@ -262,3 +263,62 @@ def test_eval_config_keeps_the_runs_target_and_draft(tmp_path, bench_module):
     assert cfg.eval.checkpoint == str(tmp_path / "ck") and cfg.eval.out_dir == str(tmp_path / "out")
     assert cfg.eval.benchmarks == ["gsm8k", "mt-bench"] and cfg.eval.max_samples == 2
     assert cfg.eval.temperature == 0.0 and cfg.eval.progress is False
+
+
+def test_request_totals_kept_in_a_record_pair_like_the_eval_directory(bench_module):
+    """What a record keeps of an eval's requests (JSON) gives the same paired ratio as its samples.jsonl."""
+    tables = bench_module("eval_tables")
+    per_a = {"gsm8k": _varied(9, 0), "mt-bench": _varied(5, 1)}
+    per_b = {"gsm8k": _varied(9, 2), "mt-bench": _varied(5, 3)}
+    a, b = tables.request_table(_rows(per_a)), tables.request_table(_rows(per_b))
+    kept = tables.totals_from_json(json.loads(json.dumps(tables.totals_to_json(a))))
+    assert set(kept) == set(a)
+    for name, (ids, t) in a.items():
+        assert kept[name][0] == ids
+        for field in tables.TOTAL_FIELDS:
+            assert getattr(kept[name][1], field).tolist() == getattr(t, field).tolist(), field
+    assert tables.paired_ratio(kept, b, 300, seed=2) == tables.paired_ratio(a, b, 300, seed=2)
+    no_base = {n: (ids, dataclasses.replace(t, base_tokens=None, base_time=None)) for n, (ids, t) in a.items()}
+    back = tables.totals_from_json(json.loads(json.dumps(tables.totals_to_json(no_base))))
+    assert all(t.base_tokens is None and t.base_time is None for _, t in back.values())
+
+
+def _settings(**kw):
+    s = {"benchmarks": ["gsm8k", "mt-bench"], "max_samples": 5, "max_new_tokens": 8, "temperature": 1.0,
+         "multi_turn": False, "data_dir": "/data", "bootstrap_resamples": 100, "seed": 0, "extra": []}
+    return {**s, **kw}
+
+
+def test_drafters_from_an_earlier_record_join_the_ratios(tmp_path, bench_module):
+    """``--from-record``: a drafter whose eval directory is gone pairs through the totals its record kept;
+    other eval settings, a missing drafter or a record without totals are refused by name."""
+    tables, mod = bench_module("eval_tables"), bench_module("eval_drafters")
+    per_old, per_new = {"gsm8k": _varied(5, 0), "mt-bench": _varied(5, 1)}, {"gsm8k": _varied(5, 2), "mt-bench": _varied(5, 3)}
+    old = tables.request_table(_rows(per_old))
+    rec = tmp_path / "eval_drafters-old.json"
+    rec.write_text(json.dumps({"eval_settings": _settings(bootstrap_resamples=1000),   # resamples may differ
+                               "drafters": {"old": {"result": {"macro": {"tau": 1.5}}, "eval_dir": "/gone",
+                                                    "request_totals": tables.totals_to_json(old)},
+                                            "bare": {"result": {"macro": {"tau": 1.2}}}}}))
+    got = mod.imported_drafters([f"{rec}:old"], _settings(), ["new"])
+    assert list(got) == ["old"] and got["old"]["eval_dir"] is None and got["old"]["result"]["macro"]["tau"] == 1.5
+    new_dir = tmp_path / "eval" / "new"
+    new_dir.mkdir(parents=True)
+    (new_dir / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _rows(per_new)))
+    drafters = {"new": {"result": {"macro": {}}, "eval_dir": str(new_dir)}, **got}
+    r = mod.ratios(drafters, [("new", "old")], 200, 0)["new/old"]
+    assert r == tables.paired_ratio(tables.request_table(_rows(per_new)), old, 200, 0)
+    with pytest.raises(SystemExit, match="eval_settings.temperature is 1.0 there and 0.0 here"):
+        mod.imported_drafters([f"{rec}:old"], _settings(temperature=0.0), [])
+    with pytest.raises(SystemExit, match="eval_settings.extra"):
+        mod.imported_drafters([f"{rec}:old"], _settings(extra=["target.dtype=bfloat16"]), [])
+    with pytest.raises(SystemExit, match="no drafter 'nope'"):
+        mod.imported_drafters([f"{rec}:nope"], _settings(), [])
+    with pytest.raises(SystemExit, match="kept no per-request totals for 'bare'"):
+        mod.imported_drafters([f"{rec}:bare"], _settings(), [])
+    with pytest.raises(SystemExit, match="already in this record"):
+        mod.imported_drafters([f"{rec}:old"], _settings(), ["old"])
+    with pytest.raises(SystemExit, match="expected RECORD.json:NAME"):
+        mod.imported_drafters([str(rec)], _settings(), [])
+    assert "no per-request totals" in mod.ratios({"new": drafters["new"], "bare": {"result": {"macro": {}}, "eval_dir": None}},
+                                                 [("new", "bare")], 10, 0)["new/bare"]["error"]
