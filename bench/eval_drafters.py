@@ -68,7 +68,7 @@ sys.path.insert(0, str(REPO))
 from bench.eval_tables import (acceptance, bin_names, cached_paths, confidence_markdown, eval_settings,  # noqa: E402
                                eval_summary, fmt_ci, greedy_paths, markdown, paired_ratio, read_jsonl, read_rounds,
                                request_table, target_shares, totals_from_json, totals_to_json)
-from bench.records import header, repo_relative, write_record  # noqa: E402
+from bench.records import header, relative_paths, repo_relative, write_record  # noqa: E402
 from bench.workdir import DOMAIN_BENCHES  # noqa: E402
 from deepspec.train.checkpoint import CheckpointError, is_complete, latest_checkpoint, run_config_path  # noqa: E402
 
@@ -301,14 +301,10 @@ def ratios(drafters: Dict[str, Dict[str, Any]], pairs, resamples: int, seed: int
 
 
 def request_tables(d: Dict[str, Any], label: str):
-    """A drafter's per-request totals: from its eval directory's samples.jsonl, else from the record that
-    kept them (``--from-record``)."""
-    samples = Path(d.get("eval_dir") or "") / "samples.jsonl"
-    if d.get("eval_dir") and samples.is_file():
-        return request_table(read_jsonl(samples))
-    if d.get("request_totals"):
-        return totals_from_json(d["request_totals"])
-    raise ValueError(f"{label}: no per-request totals ({samples} is missing and its record kept none)")
+    """A drafter's per-request totals, as `collect` (or, with ``--from-record``, an earlier record) kept them."""
+    if not d.get("request_totals"):
+        raise ValueError(f"{label}: no per-request totals (its eval wrote no samples.jsonl, or its record kept none)")
+    return totals_from_json(d["request_totals"])
 
 
 # what must be equal for two evals' requests to pair (the bootstrap's resample count does not change them)
@@ -336,8 +332,8 @@ def imported_drafters(specs: Sequence[str], settings: Dict[str, Any], taken: Seq
             raise SystemExit(f"--from-record {spec!r}: {rec_path} kept no per-request totals for {name!r} "
                              "(records written before they were kept); evaluate it again")
         theirs = rec.get("eval_settings") or {}
-        for key in PAIRING_SETTINGS:
-            if theirs.get(key) != settings.get(key):
+        for key in PAIRING_SETTINGS:     # as records write them: absolute paths cut (`relative_paths`)
+            if relative_paths(theirs.get(key)) != relative_paths(settings.get(key)):
                 raise SystemExit(f"--from-record {spec!r}: eval_settings.{key} is {theirs.get(key)!r} there and "
                                  f"{settings.get(key)!r} here; the requests would not pair")
         if name in out or name in taken:

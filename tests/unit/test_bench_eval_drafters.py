@@ -302,10 +302,13 @@ def test_drafters_from_an_earlier_record_join_the_ratios(tmp_path, bench_module)
                                             "bare": {"result": {"macro": {"tau": 1.2}}}}}))
     got = mod.imported_drafters([f"{rec}:old"], _settings(), ["new"])
     assert list(got) == ["old"] and got["old"]["eval_dir"] is None and got["old"]["result"]["macro"]["tau"] == 1.5
-    new_dir = tmp_path / "eval" / "new"
-    new_dir.mkdir(parents=True)
-    (new_dir / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _rows(per_new)))
-    drafters = {"new": {"result": {"macro": {}}, "eval_dir": str(new_dir)}, **got}
+    written = json.loads(rec.read_text())          # a record as write_record leaves it: absolute paths cut
+    written["eval_settings"]["data_dir"] = "…/data"
+    rec_cut = tmp_path / "eval_drafters-cut.json"
+    rec_cut.write_text(json.dumps(written))
+    assert list(mod.imported_drafters([f"{rec_cut}:old"], _settings(data_dir="/elsewhere/data"), [])) == ["old"]
+    new_totals = tables.totals_to_json(tables.request_table(_rows(per_new)))       # what `collect` keeps
+    drafters = {"new": {"result": {"macro": {}}, "eval_dir": str(tmp_path), "request_totals": new_totals}, **got}
     r = mod.ratios(drafters, [("new", "old")], 200, 0)["new/old"]
     assert r == tables.paired_ratio(tables.request_table(_rows(per_new)), old, 200, 0)
     with pytest.raises(SystemExit, match="eval_settings.temperature is 1.0 there and 0.0 here"):
