@@ -62,32 +62,36 @@ NO_ASSISTANT = ("not run: no smaller model with the target's tokenizer is availa
                 "there is none: it is the smallest SmolLM2)")
 
 
-SETTING = re.compile(r"^(chain|tree(\d+)x(\d+)(?:l(\d+)(?:m(\d+))?)?)@(float32|bfloat16|float16)$")
+SETTING = re.compile(r"^(chain|tree(\d+)x(\d+)(?:d(\d+))?(?:l(\d+)(?:m(\d+))?)?)@(float32|bfloat16|float16)$")
 
 
 def parse_setting(s: str) -> Dict[str, Any]:
-    """``KIND@DTYPE``: ``chain`` (verify the γ drafts), ``treeNxW`` (`eval.tree_nodes=N eval.tree_width=W`) or
-    ``treeNxWlK[mM]`` (the same with prompt lookup, `eval.lookup_ngram=K`, `eval.lookup_min_ngram=M`, default
-    1), the target in DTYPE."""
+    """``KIND@DTYPE``: ``chain`` (verify the γ drafts), ``treeNxW[dD]`` (`eval.tree_nodes=N eval.tree_width=W`,
+    `eval.tree_depth=D`, default γ) or ``treeNxW[dD]lK[mM]`` (the same with prompt lookup, `eval.lookup_ngram=K`,
+    `eval.lookup_min_ngram=M`, default 1), the target in DTYPE."""
     m = SETTING.match(s)
     if not m:
-        raise SystemExit(f"setting {s!r}: expected chain@DTYPE, treeNxW@DTYPE, treeNxWlK@DTYPE or "
-                         "treeNxWlKmM@DTYPE (DTYPE float32, bfloat16, float16)")
+        raise SystemExit(f"setting {s!r}: expected chain@DTYPE, treeNxW[dD]@DTYPE, treeNxW[dD]lK@DTYPE or "
+                         "treeNxW[dD]lKmM@DTYPE (DTYPE float32, bfloat16, float16)")
     tree = (int(m.group(2)), int(m.group(3))) if m.group(2) else None
-    if tree and min(tree) < 1:
-        raise SystemExit(f"setting {s!r}: tree nodes and width must be ≥ 1")
-    lookup = int(m.group(4)) if m.group(4) else 0
-    lookup_min = int(m.group(5)) if m.group(5) else 1
-    if m.group(4) and not 1 <= lookup_min <= lookup:
+    depth = int(m.group(4)) if m.group(4) else None
+    if tree and (min(tree) < 1 or (depth is not None and depth < 1)):
+        raise SystemExit(f"setting {s!r}: tree nodes, width and depth must be ≥ 1")
+    lookup = int(m.group(5)) if m.group(5) else 0
+    lookup_min = int(m.group(6)) if m.group(6) else 1
+    if m.group(5) and not 1 <= lookup_min <= lookup:
         raise SystemExit(f"setting {s!r}: the lookup n-grams need 1 ≤ M (mM) ≤ K (lK)")
-    return {"name": s, "tree": tree, "lookup": lookup, "lookup_min": lookup_min, "dtype": m.group(6)}
+    return {"name": s, "tree": tree, "depth": depth, "lookup": lookup, "lookup_min": lookup_min,
+            "dtype": m.group(7)}
 
 
 def setting_overrides(setting: Dict[str, Any]) -> List[str]:
     """The eval keys of a setting, every one stated (eval.decoding=auto would fill unset ones)."""
     if not setting["tree"]:
         return ["eval.decoding=chain"]
+    depth = setting.get("depth")
     return ["eval.decoding=tree", f"eval.tree_nodes={setting['tree'][0]}", f"eval.tree_width={setting['tree'][1]}",
+            f"eval.tree_depth={depth or 0}",
             f"eval.lookup_ngram={setting.get('lookup') or 0}", f"eval.lookup_min_ngram={setting.get('lookup_min', 1)}"]
 
 
@@ -292,8 +296,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", default="smollm2_135m", help="the target config group")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     p.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 1.0])
-    p.add_argument("--trees", nargs="+", default=["tree16x8"], help="tree candidates (treeNxW)")
-    p.add_argument("--lookups", nargs="+", default=["tree16x8l3"], help="tree + lookup candidates (treeNxWlK)")
+    p.add_argument("--trees", nargs="+", default=["tree16x8"], help="tree candidates (treeNxW[dD])")
+    p.add_argument("--lookups", nargs="+", default=["tree16x8l3"], help="tree + lookup candidates (treeNxW[dD]lK)")
     p.add_argument("--kinds", action="append", default=[], metavar="NAME=KIND,…",
                    help="only these row kinds (chain, tree, lookup) for drafter NAME (default: all)")
     p.add_argument("--fp32-row", action=argparse.BooleanOptionalAction, default=True)

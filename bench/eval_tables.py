@@ -21,6 +21,8 @@
 """
 from __future__ import annotations
 
+import dataclasses
+
 import bisect
 import json
 from pathlib import Path
@@ -84,7 +86,7 @@ def request_table(rows: Sequence[Mapping[str, Any]]) -> Dict[str, Tuple[List[str
     return out
 
 
-TOTAL_FIELDS = ("tau_tokens", "rounds", "spec_tokens", "spec_time", "base_tokens", "base_time")
+TOTAL_FIELDS = tuple(f.name for f in dataclasses.fields(RequestTotals))
 
 
 def totals_to_json(table: Mapping[str, Tuple[List[str], RequestTotals]]) -> Dict[str, Dict[str, Any]]:

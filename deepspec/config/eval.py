@@ -29,6 +29,10 @@ class EvalConfig:
     tree_nodes: Optional[int] = None
     # Tree growth: nodes expanded per depth, and children per expanded node.  None = the default (4).
     tree_width: Optional[int] = None
+    # The deepest node the drafter's tree grows to (capped at γ; a prompt-lookup chain may still reach γ).
+    # A sequential drafter (Eagle3) runs one draft forward per depth, so a shallower tree drafts faster.
+    # 0 = γ; None = the drafter's default, else γ.
+    tree_depth: Optional[int] = None
     # Prompt lookup (trees only): each round also verifies the tokens that followed the latest earlier
     # occurrence of the context's last n tokens, n from lookup_ngram down to lookup_min_ngram, within the
     # same node budget (`deepspec.decoding.lookup`).  0 = off; None = the drafter's default (else 0 / 1).

@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 __all__ = ["MODES", "TREE_KEYS", "TreeSetting", "drafter_default", "tree_setting"]
 
 MODES = ("auto", "chain", "tree")
-TREE_KEYS = ("tree_nodes", "tree_width", "lookup_ngram", "lookup_min_ngram")
+TREE_KEYS = ("tree_nodes", "tree_width", "tree_depth", "lookup_ngram", "lookup_min_ngram")
 DEFAULT_WIDTH = 4
 
 
@@ -35,10 +35,12 @@ class TreeSetting(NamedTuple):
     width: int
     lookup: Optional[Tuple[int, int]] = None     # (max_ngram, min_ngram) of prompt lookup, None = off
     source: str = "eval config"                  # or "drafter default"
+    depth: Optional[int] = None                  # the deepest draft node, None = γ
 
     def describe(self) -> str:
         lk = f", lookup={self.lookup[0]}..{self.lookup[1]}" if self.lookup else ""
-        return f"tree(nodes={self.nodes}, width={self.width}{lk})"
+        dp = f", depth={self.depth}" if self.depth else ""
+        return f"tree(nodes={self.nodes}, width={self.width}{dp}{lk})"
 
 
 def drafter_default(drafter, greedy: bool) -> Dict[str, Any]:
@@ -108,6 +110,9 @@ def tree_setting(cfg, target, drafter, policy, warp) -> Optional[TreeSetting]:
     ngram, min_ngram = key("lookup_ngram", 0), key("lookup_min_ngram", 1)
     if nodes < 1 or width < 1:
         raise ConfigError(f"eval.tree_nodes={nodes}, eval.tree_width={width}: both must be ≥ 1")
+    depth = key("tree_depth", 0)
+    if depth < 0:
+        raise ConfigError(f"eval.tree_depth={depth}: the deepest draft node, ≥ 1 (0 = γ)")
     if ngram < 0:
         raise ConfigError(f"eval.lookup_ngram={ngram}: 0 (off) or the longest n-gram to match")
     lookup = None
@@ -129,4 +134,4 @@ def tree_setting(cfg, target, drafter, policy, warp) -> Optional[TreeSetting]:
         check_tree_target(target)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    return TreeSetting(nodes, width, lookup, source)
+    return TreeSetting(nodes, width, lookup, source, depth or None)

@@ -42,15 +42,18 @@ def _accept(vout, tree, warp: Warp, generator):
 def tree_generate(target, drafter, prompt_ids, *, gamma: int, nodes: int, width: int, max_new_tokens: int,
                   warp: Warp, generator: Optional[torch.Generator] = None,
                   eos_token_ids: Optional[Iterable[int]] = None, on_round=None,
-                  lookup: Optional[Tuple[int, int]] = None, row_invariant: bool = False) -> GenerationResult:
+                  lookup: Optional[Tuple[int, int]] = None, row_invariant: bool = False,
+                  draft_depth: Optional[int] = None) -> GenerationResult:
     """Speculative decoding of one prompt with draft trees of at most ``nodes`` nodes, depth ≤ ``gamma``,
     ``width`` children per expanded node (`deepspec.decoding.tree.grow_tree`), greedy or sampled as
     ``warp`` says.  ``lookup`` = (max_ngram, min_ngram): each round also grafts the prompt-lookup
     continuation of the context (`deepspec.decoding.lookup`); the drafter's tree then gets the budget the
     chain leaves, so a round still verifies at most ``nodes`` nodes.  ``row_invariant``: verification rows
-    round like one-token steps (`deepspec.decoding.row_invariant`)."""
-    if gamma < 1 or nodes < 1 or width < 1:
-        raise ValueError(f"tree decoding needs gamma, nodes and width ≥ 1 (got {gamma}, {nodes}, {width})")
+    round like one-token steps (`deepspec.decoding.row_invariant`).  ``draft_depth``: the drafter's tree stops
+    at this depth (each depth costs a sequential drafter one forward); the lookup chain may still reach γ."""
+    if gamma < 1 or nodes < 1 or width < 1 or (draft_depth is not None and draft_depth < 1):
+        raise ValueError(f"tree decoding needs gamma, nodes, width and draft_depth ≥ 1 "
+                         f"(got {gamma}, {nodes}, {width}, {draft_depth})")
     check_tree_target(target)
     loop = DecodeLoop(target, drafter, prompt_ids, warp, generator, eos_token_ids, max_new_tokens, on_round,
                       row_invariant)
@@ -62,8 +65,8 @@ def tree_generate(target, drafter, prompt_ids, *, gamma: int, nodes: int, width:
         m0 = marks.mark()
         depth = min(gamma, loop.room)            # a round emits at most depth + 1 tokens
         chain = index.continuation(min(depth, nodes - 1)) if index is not None and depth >= 1 else []
-        tree = draft_tree(drafter, state, loop.anchor, max(depth, 1), nodes - len(chain) if depth >= 1 else 0,
-                          width, warp, generator)
+        tree = draft_tree(drafter, state, loop.anchor, max(min(depth, draft_depth or depth), 1),
+                          nodes - len(chain) if depth >= 1 else 0, width, warp, generator)
         grafted = 0
         if chain:
             tree, grafted = graft(tree, chain)

@@ -206,7 +206,7 @@ def evaluate(target, drafter, benchmarks: Mapping[str, Sequence[Sample]], *, gam
             return speculative_generate(target, drafter, ids, gamma=gamma, policy=policy,
                                         row_invariant=row_invariant, **kw)
         return tree_generate(target, drafter, ids, gamma=gamma, nodes=tree.nodes, width=tree.width,
-                             lookup=tree.lookup, row_invariant=row_invariant, **kw)
+                             lookup=tree.lookup, row_invariant=row_invariant, draft_depth=tree.depth, **kw)
     tok = target.tokenizer
     eos = list(target.eos_token_ids if eos_token_ids is None else eos_token_ids)
     eos_set = set(eos)

@@ -167,6 +167,13 @@ def test_eval_tree_verification(tmp_path, eval_data_dir):
     rolls = _read_jsonl(tmp_path / "eval" / "rollouts.jsonl")
     assert rolls and all(r["proposed"] <= 6 and len(r["draft_tokens"]) == r["accepted"] for r in rolls)
     assert all(r["meta"]["tree"] == [6, 2] and r["confidence"] is None for r in rolls)
+    # eval.tree_depth caps the tree: one draft node deep, at most one draft accepted a round
+    capped = run(_cfg(tmp_path / "depth", eval_data_dir, "eval.tree_nodes=6", "eval.tree_width=2",
+                      "eval.lookup_ngram=0", "eval.tree_depth=1"))
+    assert capped["setup"]["policy"] == "tree(nodes=6, width=2, depth=1)"
+    assert capped["greedy_check"]["compared"] == capped["greedy_check"]["matched"] == 4
+    rolls = _read_jsonl(tmp_path / "depth" / "eval" / "rollouts.jsonl")
+    assert rolls and all(r["proposed"] <= 2 and r["accepted"] <= 1 for r in rolls)
     for i, (extra, match) in enumerate([("schedule.policy=scheduler", "cannot be combined"),
                                         ("eval.tree_width=0", "must be ≥ 1"),
                                         ("eval.decoding=chain", "eval.decoding=chain verifies chains"),

@@ -34,7 +34,8 @@ def test_auto_takes_the_drafters_documented_default(tmp_path, llama, algo):
     for warp in (GREEDY, SAMPLED):
         want = drafter_default(d, warp.greedy)
         got = _setting(tmp_path, llama, d, warp=warp)
-        assert got == TreeSetting(want["tree_nodes"], want["tree_width"], (want["lookup_ngram"], 1), "drafter default")
+        assert got == TreeSetting(want["tree_nodes"], want["tree_width"], (want["lookup_ngram"], 1), "drafter default",
+                                  want.get("tree_depth"))
     # the parallel drafters' greedy default is the measured best: 16 nodes × width 8 + lookup n ≤ 3
     if algo != "eagle3":
         assert _setting(tmp_path, llama, d) == TreeSetting(16, 8, (3, 1), "drafter default")
@@ -47,6 +48,9 @@ def test_auto_keeps_what_the_user_set_and_fills_the_rest(tmp_path, llama):
     assert _setting(tmp_path, llama, d, "eval.lookup_ngram=2", "eval.lookup_min_ngram=2").lookup == (2, 2)
     assert _setting(tmp_path, llama, d, "eval.decoding=chain") is None
     assert _setting(tmp_path, llama, d, "eval.decoding=tree", "eval.tree_width=2") == TreeSetting(16, 2, (3, 1))
+    # a depth caps the tree (0 = γ: no cap)
+    assert _setting(tmp_path, llama, d, "eval.tree_depth=2") == TreeSetting(16, 8, (3, 1), "eval config", 2)
+    assert _setting(tmp_path, llama, d, "eval.tree_depth=0").depth is None
     # a verification-length policy alone means chains; with a tree key it is refused by name
     assert _setting(tmp_path, llama, d, policy=_Named()) is None
     with pytest.raises(ConfigError, match="replaces the verification-length policy"):
@@ -81,6 +85,7 @@ def test_targets_that_cannot_verify_trees_fall_back_to_chains(tmp_path):
     (("eval.tree_nodes=1", "eval.lookup_ngram=3"), "at least 2 nodes"),
     (("eval.tree_nodes=0",), "eval.tree_nodes=0, eval.tree_width=8: both must be ≥ 1"),
     (("eval.lookup_ngram=-1",), "eval.lookup_ngram=-1: 0 \\(off\\)"),
+    (("eval.tree_depth=-1",), "eval.tree_depth=-1: the deepest draft node"),
 ])
 def test_bad_settings_name_the_key(tmp_path, llama, ov, msg):
     d = build_drafter(llama, DraftConfig(algorithm="dflash", gamma=3, num_layers=1)).eval()
@@ -90,7 +95,7 @@ def test_bad_settings_name_the_key(tmp_path, llama, ov, msg):
 
 def test_unknown_keys_in_a_drafters_defaults_are_refused(llama):
     d = build_drafter(llama, DraftConfig(algorithm="dflash", gamma=3, num_layers=1)).eval()
-    d.decoding_defaults = {"greedy": {"tree_depth": 4}}
+    d.decoding_defaults = {"greedy": {"tree_beam": 4}}
     with pytest.raises(ValueError, match="unknown eval key"):
         drafter_default(d, True)
 

@@ -208,6 +208,11 @@ def test_tree_loop_is_lossless_with_accepted_paths(family, cut, nodes):
     full = min(cut, 4, nodes // 2)
     assert max(r.accepted for r in out.rounds) == full                # the oracle's path is accepted ...
     assert all(r.accepted <= full for r in out.rounds)
+    # draft_depth stops the drafter's tree there: still lossless, no path longer than the cap
+    capped = tree_generate(t, d, prompt, gamma=4, nodes=nodes, width=2, max_new_tokens=25, warp=GREEDY,
+                           eos_token_ids=[], draft_depth=2)
+    assert capped.tokens == base
+    assert max(r.accepted for r in capped.rounds) == min(full, 2)
 
 
 @pytest.mark.parametrize("algo", [dict(algorithm="dspark", sequential_head="rnn"), dict(algorithm="dflash"),
@@ -261,6 +266,12 @@ def test_tree_loop_with_prompt_lookup_is_lossless_and_accepts_copied_tokens(fami
     out = tree_generate(t, d, prompt, gamma=4, nodes=8, width=2, max_new_tokens=40, warp=GREEDY,
                         eos_token_ids=[], lookup=(3, 1))
     assert out.tokens == base and all(r.proposed <= 8 for r in out.rounds)
+    # a drafter's tree capped at depth 1 leaves the lookup chain its full γ
+    out = tree_generate(t, d, prompt, gamma=4, nodes=8, width=2, max_new_tokens=40, warp=GREEDY,
+                        eos_token_ids=[], lookup=(3, 1), draft_depth=1)
+    assert out.tokens == base
+    assert all(r.accepted - r.lookup_accepted <= 1 for r in out.rounds)
+    assert max(r.lookup_accepted for r in out.rounds) > 1
 
 
 def test_no_draft_alone_is_plain_decoding_and_with_lookup_is_prompt_lookup_decoding(tiny_llama):
