@@ -98,11 +98,14 @@ def check_engine_layout(cfg, target) -> None:
 @register_drafter("eagle3")
 class Eagle3Drafter(Drafter):
     drafts_trees = True
-    # `deepspec eval`'s default decoding (eval.decoding=auto): the parallel drafters' measured settings (16-node
-    # trees, width 8 greedy / 4 sampled, prompt lookup n ≤ 3) until a trained Eagle3 is measured on the tuning
-    # prompts (bench/decoding_table.py).
-    decoding_defaults = {"greedy": {"tree_nodes": 16, "tree_width": 8, "lookup_ngram": 3},
-                         "sampled": {"tree_nodes": 16, "tree_width": 4, "lookup_ngram": 3}}
+    # `deepspec eval`'s default decoding (eval.decoding=auto).  A trained Eagle3 (native layout, the paper
+    # configuration) on the 48 tuning prompts (bench/decoding_table.py), bf16, one thread, 2026-12-07, with
+    # prompt lookup n ≤ 3: greedy an 8-node tree of width 4 grown 3 deep (1.37× over plain against the
+    # parallel drafters' 16 × 8 of depth γ at 1.22×), sampled (T = 1) 6 nodes of width 3, 2 deep (1.11×
+    # against 16 × 4's 0.90×).  Each depth costs a draft forward and each node a verification row, so small
+    # shallow trees win (bench/results/decoding_table-t120_eagle3_depth_{greedy,sampled}.md).
+    decoding_defaults = {"greedy": {"tree_nodes": 8, "tree_width": 4, "tree_depth": 3, "lookup_ngram": 3},
+                         "sampled": {"tree_nodes": 6, "tree_width": 3, "tree_depth": 2, "lookup_ngram": 3}}
     def __init__(self, target, cfg):
         super().__init__(target, cfg)
         cfg = self.cfg

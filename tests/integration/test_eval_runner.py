@@ -186,17 +186,25 @@ def test_eval_tree_verification(tmp_path, eval_data_dir):
 @pytest.mark.parametrize("draft,temperature", [("dspark", 0), ("eagle3", 1)])
 def test_eval_defaults_to_the_drafters_best_lossless_setting(tmp_path, eval_data_dir, draft, temperature):
     """With no decoding key set, `deepspec eval` runs the loaded drafter's documented default (the parallel
-    drafters' greedy default: a 16-node tree of width 8 with prompt lookup n ≤ 3), greedy or sampled."""
+    drafters' greedy default: a 16-node tree of width 8 with prompt lookup n ≤ 3; Eagle3's sampled default a
+    shallower, smaller tree), greedy or sampled."""
+    from deepspec.drafts.registry import drafter_class
     from deepspec.eval.runner import run
     torch.set_num_threads(1)
     summary = run(_cfg(tmp_path, eval_data_dir, f"draft={draft}", f"eval.temperature={temperature}"))
-    width = 8 if temperature == 0 else 4                  # the measured greedy / sampled defaults
-    assert summary["setup"]["policy"] == f"tree(nodes=16, width={width}, lookup=3..1)"
+    want = drafter_class(draft).decoding_defaults["greedy" if temperature == 0 else "sampled"]
+    nodes, width, depth = want["tree_nodes"], want["tree_width"], want.get("tree_depth")
+    if draft == "dspark":                                 # the measured greedy default of the parallel drafters
+        assert (nodes, width, depth) == (16, 8, None)
+    shape = f"nodes={nodes}, width={width}" + (f", depth={depth}" if depth else "")
+    assert summary["setup"]["policy"] == f"tree({shape}, lookup=3..1)"
     assert summary["setup"]["decoding_source"] == "drafter default"
     if temperature == 0:
         assert summary["greedy_check"]["compared"] == summary["greedy_check"]["matched"] == 4
     rolls = _read_jsonl(tmp_path / "eval" / "rollouts.jsonl")
-    assert rolls and all(r["meta"]["tree"] == [16, width] and r["meta"]["lookup"] == [3, 1] for r in rolls)
+    assert rolls and all(r["meta"]["tree"] == [nodes, width] and r["meta"]["lookup"] == [3, 1] for r in rolls)
+    if depth:                                             # the drafter's tree stops there; lookup may go deeper
+        assert all(r["accepted"] - r.get("lookup_accepted", 0) <= depth for r in rolls)
     from deepspec.schedule.rollouts import read_rollouts      # the calibration reads chain rollouts only
     with pytest.raises(ValueError, match="draft-tree round.*eval.decoding=chain"):
         read_rollouts(tmp_path / "eval" / "rollouts.jsonl")
