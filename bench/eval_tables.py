@@ -21,9 +21,8 @@
 """
 from __future__ import annotations
 
-import dataclasses
-
 import bisect
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple

@@ -106,6 +106,7 @@ class Eagle3Drafter(Drafter):
     # shallow trees win (bench/results/decoding_table-t120_eagle3_depth_{greedy,sampled}.md).
     decoding_defaults = {"greedy": {"tree_nodes": 8, "tree_width": 4, "tree_depth": 3, "lookup_ngram": 3},
                          "sampled": {"tree_nodes": 6, "tree_width": 3, "tree_depth": 2, "lookup_ngram": 3}}
+
     def __init__(self, target, cfg):
         super().__init__(target, cfg)
         cfg = self.cfg
