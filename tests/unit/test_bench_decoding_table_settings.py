@@ -1,4 +1,6 @@
 """bench/decoding_table.py: the decoding settings it evaluates (``KIND@DTYPE``) and the eval keys each sets."""
+import json
+
 import pytest
 
 
@@ -31,3 +33,37 @@ def test_setting_overrides_state_every_eval_key(bench_module):
     assert "eval.tree_depth=3" in mod.setting_overrides(mod.parse_setting("tree16x8d3l3@bfloat16"))
     assert mod.setting_overrides(mod.parse_setting("tree6x2l3m2@float32"))[-2:] == [
         "eval.lookup_ngram=3", "eval.lookup_min_ngram=2"]
+
+
+def _record(rows):
+    return {"script": "decoding_table", "label": "x", "date": "2026-12-07", "command": "c",
+            "machine": {"loadavg_end": [0.1, 0.1, 0.1]},
+            "args": {"benchmarks": ["gsm8k"], "max_samples": 2, "max_new_tokens": 8, "threads": 1},
+            "rows": rows, "fastest_plain_tokens_per_s": {"0": 10.0}, "tuning": {}, "assisted_generation": "none"}
+
+
+def test_markdown_states_the_speedup_after_the_first_token(bench_module, tmp_path):
+    mod = bench_module("table_markdown")
+    spec = {"kind": "deepspec", "temperature": 0.0, "dtype": "bfloat16", "setting": "tree8x4l3", "policy": "tree",
+            "tau": 2.0, "tau_ci95": [1.9, 2.1], "greedy_check": {"compared": 2, "matched": 1},
+            "speed": {"speedup_pooled": 1.2, "spec_tokens_per_s": 12.0, "draft_ms": 1.0, "verify_ms": 2.0,
+                      "overhead_ms": 0.5, "plain_decode_ms_per_token": 60.0, "spec_decode_ms_per_token": 40.0}}
+    hf = {"kind": "transformers", "temperature": 0.0, "dtype": "bfloat16", "plain": True, "tokens_per_s": 10.0,
+          "tau": 1.0, "tau_ci95": [1.0, 1.0], "identical": None}
+    rec = _record({"d tree8x4l3": spec, "hf plain": hf})
+    assert mod.decode_speedup(spec["speed"]) == pytest.approx(1.5)
+    assert mod.decode_speedup({"plain_decode_ms_per_token": 60.0}) is None
+    md = mod.markdown(rec).splitlines()
+    header = next(line for line in md if line.startswith("| row |")).split(" | ")
+    row = next(line for line in md if line.startswith("| d tree8x4l3 |")).split(" | ")
+    hf_row = next(line for line in md if line.startswith("| hf plain |")).split(" | ")
+    col = header.index("after the first token")
+    assert len(header) == len(row) == len(hf_row)
+    assert row[col] == "1.500×" and hf_row[col] == "–"
+    path = tmp_path / "decoding_table-x.json"
+    path.write_text(json.dumps(rec))
+    mod.main([str(path)])
+    assert path.with_suffix(".md").read_text() == mod.markdown(rec)
+    path.write_text(json.dumps({**rec, "script": "eval_drafters"}))
+    with pytest.raises(SystemExit, match="not a decoding_table record"):
+        mod.main([str(path)])
