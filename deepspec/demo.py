@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from .config import DeepSpecConfig, save_config
+from .drafts.registry import drafter_class
 from .eval.runner import run as run_eval
 from .paths import cache_dir, eval_dir, regen_path, run_dir, shipped_draft_dir
 from .cache.writer import build_cache
@@ -24,11 +25,6 @@ from .prepare import regenerate
 from .train.loop import run as run_train
 
 log = logging.getLogger(__name__)
-# The shipped draft's tree (eval.tree_nodes, eval.tree_width): chosen on 48 ShareGPT prompts that neither
-# training nor the benchmarks use (docs/benchmarks/verification.md).
-TREE = (16, 8)
-# Prompt lookup beside the tree (eval.lookup_ngram): the longest context suffix matched, chosen on the same prompts.
-LOOKUP_NGRAM = 3
 # The sampled run: plain sampling's temperature (the paper's T = 1), the draft's documented sampled default.
 SAMPLED_T = 1.0
 
@@ -76,15 +72,24 @@ def _verified(results: dict):
     return ((results.get("speed") or {}).get("round_split") or {}).get("verified_tokens_per_round")
 
 
+def greedy_tree(shipped: Path) -> dict:
+    """The shipped draft's greedy default (`decoding_defaults` of its algorithm: tree nodes, width, depth and
+    prompt lookup, chosen on 48 ShareGPT prompts that neither training nor the benchmarks use;
+    docs/benchmarks/verification.md)."""
+    algorithm = json.loads((shipped / "config.json").read_text())["draft"]["algorithm"]
+    return dict(drafter_class(algorithm).decoding_defaults["greedy"])
+
+
 def _eval_shipped(cfg: DeepSpecConfig, shipped: Path, name: str, scheduler: bool = False,
                   tree: bool = False, lookup: bool = False, sampled: bool = False) -> dict:
     """Eval of the shipped draft on the demo's prompts: chains unless asked otherwise; ``scheduler``: the
     prefix scheduler (paper Alg. 1) picks each round's verification length from the draft's calibrated
     confidences and SPS(B) profiled here for B = 1..γ+1, with the draft's cost measured in the warm-up;
-    ``tree``: tree verification (`TREE` nodes and width) with the target in bf16, where a CPU verifies 17
-    tokens for ~1.2 plain steps (fp32: ~2); ``lookup``: that tree plus a prompt-lookup chain (`LOOKUP_NGRAM`)
-    in the same budget (the best greedy setting); ``sampled``: sampling at T = `SAMPLED_T` with the draft's
-    default sampled setting (eval.decoding=auto; bf16 target), against plain sampling."""
+    ``tree``: tree verification (the draft's greedy default tree, `greedy_tree`, without its prompt lookup)
+    with the target in bf16, where a CPU verifies a few tokens for little more than a plain step (fp32: ~2);
+    ``lookup``: the whole greedy default, that tree plus a prompt-lookup chain in the same budget;
+    ``sampled``: sampling at T = `SAMPLED_T` with the draft's default sampled setting (eval.decoding=auto;
+    bf16 target), against plain sampling."""
     c = copy.deepcopy(cfg)
     c.eval.checkpoint = str(shipped)
     c.eval.out_dir = str(eval_dir(cfg).parent / name)
@@ -93,9 +98,11 @@ def _eval_shipped(cfg: DeepSpecConfig, shipped: Path, name: str, scheduler: bool
         c.eval.decoding, c.eval.temperature, c.target.dtype = "auto", SAMPLED_T, "bfloat16"
     if tree:
         c.eval.decoding = "tree"
-        c.eval.tree_nodes, c.eval.tree_width = TREE
+        for key, value in greedy_tree(shipped).items():
+            setattr(c.eval, key, value)
         c.target.dtype = "bfloat16"
-        c.eval.lookup_ngram = LOOKUP_NGRAM if lookup else 0
+        if not lookup:
+            c.eval.lookup_ngram = 0
     if scheduler:
         gamma = int(json.loads((shipped / "config.json").read_text())["draft"]["gamma"])
         c.schedule.policy = "scheduler"
@@ -130,11 +137,12 @@ def run(cfg: DeepSpecConfig) -> int:
                 "(its calibration, this machine's profiled step times)")
         sched = _eval_shipped(cfg, shipped, "eval_shipped_scheduler", scheduler=True)
         print(f"draft tokens verified per round: {_f(_verified(ship), '.1f')} → {_f(_verified(sched), '.1f')}")
-        _banner(f"{shipped.name} once more, verifying a tree of its {TREE[0]} likeliest continuations per round "
-                "(target in bf16)")
+        default = greedy_tree(shipped)
+        _banner(f"{shipped.name} once more, verifying a tree of its {default['tree_nodes']} likeliest continuations "
+                "per round (target in bf16)")
         tree = _eval_shipped(cfg, shipped, "eval_shipped_tree", tree=True)
         _banner(f"and with prompt lookup: each tree also holds the tokens that followed the context's last "
-                f"≤ {LOOKUP_NGRAM} tokens where they occurred before")
+                f"≤ {default.get('lookup_ngram', 0)} tokens where they occurred before")
         lookup = _eval_shipped(cfg, shipped, "eval_shipped_tree_lookup", tree=True, lookup=True)
         _banner(f"and sampling at T = {SAMPLED_T:g} (lossless: the output is distributed as plain sampling's) "
                 "with the draft's default sampled setting")

@@ -70,13 +70,13 @@ def _gather_pos(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
 class ParallelDrafter(Drafter):
     drafts_trees = True
     # `deepspec eval`'s default decoding (eval.decoding=auto).  Greedy: the shipped DSpark on the 48 tuning
-    # prompts (bench/decoding_table.py --write-tune-prompts), bf16 target, one thread, 2026-12-05: a 16-node
-    # tree of width 8 with prompt lookup n ≤ 3 (τ 2.45, 1.64× over plain;
-    # bench/results/tree_speed-tune_lookup.md).  Sampled (T = 1,
-    # 16 tuning prompts, 2026-12-06): width 4 with the same lookup (τ 1.71, 1.18× over plain sampling, against
-    # width 8's 1.11× and chains' 1.07×; bench/results/decoding_table-tune_sampled.md).
-    decoding_defaults = {"greedy": {"tree_nodes": 16, "tree_width": 8, "lookup_ngram": 3},
-                         "sampled": {"tree_nodes": 16, "tree_width": 4, "lookup_ngram": 3}}
+    # prompts (bench/decoding_table.py --write-tune-prompts), bf16 target, one thread, 2026-12-07: a 6-node
+    # tree of width 3 with prompt lookup n ≤ 3 (1.43× over plain; 16 × 8, the earlier default, 1.24×: each
+    # node is one more verification row and, for DSpark, one more row of its sequential head); on the 120
+    # eval prompts τ 2.08 at 1.46× (bench/results/decoding_table-t120_dspark_greedy.md).  Sampled (T = 1, the
+    # same prompts and day): the same 6 × 3 tree with lookup (1.11× over plain sampling; 16 × 4, the earlier
+    # default, 0.93×; bench/results/decoding_table-t120_dspark_sampled.md).
+    decoding_defaults = {mode: {"tree_nodes": 6, "tree_width": 3, "lookup_ngram": 3} for mode in ("greedy", "sampled")}
 
     def __init__(self, target, cfg):
         super().__init__(target, cfg)

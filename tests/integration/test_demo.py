@@ -11,12 +11,22 @@ from pathlib import Path
 
 import pytest
 
+from deepspec.decoding.settings import TreeSetting
+from deepspec.drafts.registry import drafter_class
+
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 SMALL = ["data.max_samples=8", "engine.max_new_tokens=16", "engine.batch_size=8",
          "train.max_steps=2", "train.global_batch_sequences=2", "train.micro_batch_sequences=2",
          "train.anchors_per_sequence=4", "train.save_every=2", "train.eval_every=0",
          "eval.max_samples=1", "eval.max_new_tokens=16"]
+
+
+def _default_policy(mode: str) -> str:
+    """How the eval describes the shipped DSpark's documented default tree for ``mode``."""
+    d = drafter_class("dspark").decoding_defaults[mode]
+    lookup = (d["lookup_ngram"], 1) if d.get("lookup_ngram") else None
+    return TreeSetting(d["tree_nodes"], d["tree_width"], lookup, depth=d.get("tree_depth")).describe()
 
 
 def _demo(run_dir: Path, eval_dir: Path):
@@ -60,10 +70,10 @@ def test_reduced_demo_end_to_end(tmp_path, reference_target_dir, eval_data_dir):
     # and the same tree with prompt lookup in its budget
     assert "| shipped (smollm2-135m-dspark), tree + prompt lookup, bf16 |" in out
     lk = json.loads((report.parent.parent / "eval_shipped_tree_lookup" / "results.json").read_text())
-    assert lk["setup"]["policy"].startswith("tree(nodes=16, width=8, lookup=3..1")
+    assert lk["setup"]["policy"] == _default_policy("greedy")
     assert lk["greedy_check"]["compared"] == gc["compared"]
     # and the best sampled setting beside the best greedy one: the draft's default at T = 1
-    assert "| shipped (smollm2-135m-dspark), sampled T=1: tree(nodes=16, width=4, lookup=3..1), bf16 |" in out
+    assert f"| shipped (smollm2-135m-dspark), sampled T=1: {_default_policy('sampled')}, bf16 |" in out
     smp = json.loads((report.parent.parent / "eval_shipped_sampled" / "results.json").read_text())
     assert smp["setup"]["warp"]["temperature"] == 1.0 and smp["setup"]["decoding_source"] == "drafter default"
     assert smp["greedy_check"] is None and smp["overall"]["tau"] >= 1.0

@@ -186,7 +186,7 @@ def test_eval_tree_verification(tmp_path, eval_data_dir):
 @pytest.mark.parametrize("draft,temperature", [("dspark", 0), ("eagle3", 1)])
 def test_eval_defaults_to_the_drafters_best_lossless_setting(tmp_path, eval_data_dir, draft, temperature):
     """With no decoding key set, `deepspec eval` runs the loaded drafter's documented default (the parallel
-    drafters' greedy default: a 16-node tree of width 8 with prompt lookup n ≤ 3; Eagle3's sampled default a
+    drafters' greedy default: a 6-node tree of width 3 with prompt lookup n ≤ 3; Eagle3's sampled default a
     shallower, smaller tree), greedy or sampled."""
     from deepspec.drafts.registry import drafter_class
     from deepspec.eval.runner import run
@@ -195,7 +195,7 @@ def test_eval_defaults_to_the_drafters_best_lossless_setting(tmp_path, eval_data
     want = drafter_class(draft).decoding_defaults["greedy" if temperature == 0 else "sampled"]
     nodes, width, depth = want["tree_nodes"], want["tree_width"], want.get("tree_depth")
     if draft == "dspark":                                 # the measured greedy default of the parallel drafters
-        assert (nodes, width, depth) == (16, 8, None)
+        assert (nodes, width, depth) == (6, 3, None)
     shape = f"nodes={nodes}, width={width}" + (f", depth={depth}" if depth else "")
     assert summary["setup"]["policy"] == f"tree({shape}, lookup=3..1)"
     assert summary["setup"]["decoding_source"] == "drafter default"

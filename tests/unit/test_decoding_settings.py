@@ -36,20 +36,20 @@ def test_auto_takes_the_drafters_documented_default(tmp_path, llama, algo):
         got = _setting(tmp_path, llama, d, warp=warp)
         assert got == TreeSetting(want["tree_nodes"], want["tree_width"], (want["lookup_ngram"], 1), "drafter default",
                                   want.get("tree_depth"))
-    # the parallel drafters' greedy default is the measured best: 16 nodes × width 8 + lookup n ≤ 3
+    # the parallel drafters' greedy default is the measured best: 6 nodes × width 3 + lookup n ≤ 3
     if algo != "eagle3":
-        assert _setting(tmp_path, llama, d) == TreeSetting(16, 8, (3, 1), "drafter default")
+        assert _setting(tmp_path, llama, d) == TreeSetting(6, 3, (3, 1), "drafter default")
 
 
 def test_auto_keeps_what_the_user_set_and_fills_the_rest(tmp_path, llama):
     d = build_drafter(llama, DraftConfig(algorithm="dflash", gamma=3, num_layers=1)).eval()
-    assert _setting(tmp_path, llama, d, "eval.tree_nodes=8") == TreeSetting(8, 8, (3, 1), "eval config")
+    assert _setting(tmp_path, llama, d, "eval.tree_nodes=8") == TreeSetting(8, 3, (3, 1), "eval config")
     assert _setting(tmp_path, llama, d, "eval.lookup_ngram=0").lookup is None
     assert _setting(tmp_path, llama, d, "eval.lookup_ngram=2", "eval.lookup_min_ngram=2").lookup == (2, 2)
     assert _setting(tmp_path, llama, d, "eval.decoding=chain") is None
-    assert _setting(tmp_path, llama, d, "eval.decoding=tree", "eval.tree_width=2") == TreeSetting(16, 2, (3, 1))
+    assert _setting(tmp_path, llama, d, "eval.decoding=tree", "eval.tree_width=2") == TreeSetting(6, 2, (3, 1))
     # a depth caps the tree (0 = γ: no cap)
-    assert _setting(tmp_path, llama, d, "eval.tree_depth=2") == TreeSetting(16, 8, (3, 1), "eval config", 2)
+    assert _setting(tmp_path, llama, d, "eval.tree_depth=2") == TreeSetting(6, 3, (3, 1), "eval config", 2)
     assert _setting(tmp_path, llama, d, "eval.tree_depth=0").depth is None
     # a verification-length policy alone means chains; with a tree key it is refused by name
     assert _setting(tmp_path, llama, d, policy=_Named()) is None
@@ -83,7 +83,7 @@ def test_targets_that_cannot_verify_trees_fall_back_to_chains(tmp_path):
     (("eval.decoding=chain", "eval.tree_nodes=8"), "eval.tree_nodes=8: eval.decoding=chain verifies chains"),
     (("eval.tree_nodes=8", "eval.lookup_ngram=3", "eval.lookup_min_ngram=4"), "eval.lookup_min_ngram=4"),
     (("eval.tree_nodes=1", "eval.lookup_ngram=3"), "at least 2 nodes"),
-    (("eval.tree_nodes=0",), "eval.tree_nodes=0, eval.tree_width=8: both must be ≥ 1"),
+    (("eval.tree_nodes=0",), "eval.tree_nodes=0, eval.tree_width=3: both must be ≥ 1"),
     (("eval.lookup_ngram=-1",), "eval.lookup_ngram=-1: 0 \\(off\\)"),
     (("eval.tree_depth=-1",), "eval.tree_depth=-1: the deepest draft node"),
 ])
@@ -105,7 +105,7 @@ def test_keys_that_ask_for_no_tree_only_adjust_the_default(tmp_path, llama):
     with a verification-length policy, or a drafter without trees, they leave chains alone."""
     d = build_drafter(llama, DraftConfig(algorithm="dflash", gamma=3, num_layers=1)).eval()
     old = ("eval.tree_width=4", "eval.lookup_ngram=0")
-    assert _setting(tmp_path, llama, d, *old) == TreeSetting(16, 4, None, "eval config")
+    assert _setting(tmp_path, llama, d, *old) == TreeSetting(6, 4, None, "eval config")
     assert _setting(tmp_path, llama, d, *old, policy=_Named()) is None
     assert _setting(tmp_path, llama, TargetAsDraft(llama, gamma=3), *old) is None
     assert _setting(tmp_path, llama, d, "eval.decoding=chain", *old) is None
