@@ -60,7 +60,8 @@ def markdown(rec: Mapping[str, Any]) -> str:
            "temperature; transformers' rows: over transformers' plain generate) and over the fastest plain decoding "
            "measured in this run at that temperature (" + ", ".join(f"T={k}: {v:.1f} tokens/s" for k, v in fastest.items())
            + "); after the first token: the same row's speedup over its own plain decoding once the prompt is read "
-           "(ms per token after the first; the prefill, the same work for both, left out).  Identical: greedy outputs equal to plain decoding in the same dtype, request for request.", "",
+           "(ms per token after the first; the prefill, the same work for both, left out).  Identical: greedy "
+           "outputs equal to plain decoding in the same dtype, request for request.", "",
            "| row | decoding | T | dtype | macro τ [95% CI] | speedup over own plain | over the fastest plain | "
            "after the first token | draft ms | verify ms | overhead ms | identical |",
            "|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|"]

@@ -15,6 +15,7 @@ import json
 import logging
 import time
 from pathlib import Path
+from typing import Optional
 
 from .config import DeepSpecConfig, save_config
 from .drafts.registry import drafter_class
@@ -81,13 +82,13 @@ def greedy_tree(shipped: Path) -> dict:
 
 
 def _eval_shipped(cfg: DeepSpecConfig, shipped: Path, name: str, scheduler: bool = False,
-                  tree: bool = False, lookup: bool = False, sampled: bool = False) -> dict:
+                  tree: Optional[dict] = None, lookup: bool = False, sampled: bool = False) -> dict:
     """Eval of the shipped draft on the demo's prompts: chains unless asked otherwise; ``scheduler``: the
     prefix scheduler (paper Alg. 1) picks each round's verification length from the draft's calibrated
     confidences and SPS(B) profiled here for B = 1..γ+1, with the draft's cost measured in the warm-up;
-    ``tree``: tree verification (the draft's greedy default tree, `greedy_tree`, without its prompt lookup)
-    with the target in bf16, where a CPU verifies a few tokens for little more than a plain step (fp32: ~2);
-    ``lookup``: the whole greedy default, that tree plus a prompt-lookup chain in the same budget;
+    ``tree``: tree verification with these eval keys (the draft's greedy default, `greedy_tree`) but no prompt
+    lookup, the target in bf16, where a CPU verifies a few tokens for little more than a plain step (fp32: ~2);
+    ``lookup``: the whole of ``tree``, that tree plus a prompt-lookup chain in the same budget;
     ``sampled``: sampling at T = `SAMPLED_T` with the draft's default sampled setting (eval.decoding=auto;
     bf16 target), against plain sampling."""
     c = copy.deepcopy(cfg)
@@ -98,7 +99,7 @@ def _eval_shipped(cfg: DeepSpecConfig, shipped: Path, name: str, scheduler: bool
         c.eval.decoding, c.eval.temperature, c.target.dtype = "auto", SAMPLED_T, "bfloat16"
     if tree:
         c.eval.decoding = "tree"
-        for key, value in greedy_tree(shipped).items():
+        for key, value in tree.items():
             setattr(c.eval, key, value)
         c.target.dtype = "bfloat16"
         if not lookup:
@@ -140,10 +141,10 @@ def run(cfg: DeepSpecConfig) -> int:
         default = greedy_tree(shipped)
         _banner(f"{shipped.name} once more, verifying a tree of its {default['tree_nodes']} likeliest continuations "
                 "per round (target in bf16)")
-        tree = _eval_shipped(cfg, shipped, "eval_shipped_tree", tree=True)
+        tree = _eval_shipped(cfg, shipped, "eval_shipped_tree", tree=default)
         _banner(f"and with prompt lookup: each tree also holds the tokens that followed the context's last "
                 f"≤ {default.get('lookup_ngram', 0)} tokens where they occurred before")
-        lookup = _eval_shipped(cfg, shipped, "eval_shipped_tree_lookup", tree=True, lookup=True)
+        lookup = _eval_shipped(cfg, shipped, "eval_shipped_tree_lookup", tree=default, lookup=True)
         _banner(f"and sampling at T = {SAMPLED_T:g} (lossless: the output is distributed as plain sampling's) "
                 "with the draft's default sampled setting")
         sampled = _eval_shipped(cfg, shipped, "eval_shipped_sampled", sampled=True)
