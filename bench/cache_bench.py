@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/cache_bench.py codecs --samples 24 --max-length 384
     .venv/bin/python bench/cache_bench.py lossy-bytes bench/work/cache_gate/gate/cache-bf16
+    .venv/bin/python bench/cache_bench.py last-hidden bench/work/paper/cache
     .venv/bin/python bench/cache_bench.py gate --regen bench/work/cache_gate_ref/regen96.jsonl --steps 40
 
 Modes, each with its record under `bench/results/`:
@@ -13,6 +14,9 @@ Modes, each with its record under `bench/results/`:
 - ``lossy-bytes`` (`cache_lossy_bytes.json`): bytes/token and held-out reconstruction error of every
   lossy codec variant, re-encoding the samples of an existing bf16 cache (no target forward);
   calibration on the first 2,048 tokens, errors on the rest.
+- ``last-hidden`` (`cache_last_hidden.json`): what ``cache.last_hidden_codec=fp8`` does to the target
+  distribution (TV distance and top-1 agreement of the logits of the fp8 and the bf16 values) and how far
+  the bf16 values' ``target_lse`` is from normalising the fp8 logits.
 - ``gate`` (`cache_gate.{json,md}`): the cache-size gate (`deepspec.plan.gate.run`, also
   `deepspec gate`): one cache per codec from the same regenerated conversations, the same DSpark
   drafter trained with the same seed on each, τ of each on the same prompts and the teacher-forced
@@ -253,6 +257,50 @@ def lossy_bytes(args) -> int:
     return 0
 
 
+# -- last-hidden: what a lossy last_hidden does to the target distribution ------------------------------------
+
+def last_hidden(args) -> int:
+    import torch
+    from deepspec.cache import CacheReader, get_codec
+    from deepspec.config import load_config
+    from deepspec.targets import load_target
+    torch.set_num_threads(1)
+    r = CacheReader(args.cache)
+    target = load_target(load_config([f"target.path={args.target}", "target.dtype=float32",
+                                      "target.device=cpu"]).target)
+    i, cal_f, cal_l, got = 0, [], [], 0
+    while got < args.calib_tokens and i < len(r):
+        s = r[i]
+        cal_f.append(s["features"])
+        cal_l.append(s["last_hidden"])
+        got, i = got + s["features"].shape[0], i + 1
+    codec = get_codec("fp8", last_hidden="fp8")
+    codec.calibrate([{"features": torch.cat(cal_f), "last_hidden": torch.cat(cal_l)}], hidden_size=r.hidden_size)
+    tv, top1, stale, mass = [], [], [], []
+    n = 0
+    while n < args.tokens and i < len(r):
+        s = r[i]
+        i += 1
+        with torch.no_grad():
+            la = target.logits_from_hidden(s["last_hidden"].float(), dtype=torch.float32)
+            lb = target.logits_from_hidden(codec.stored_last_hidden(s["last_hidden"]).float(), dtype=torch.float32)
+        tv.append(0.5 * (la.softmax(-1) - lb.softmax(-1)).abs().sum(-1))
+        top1.append(la.argmax(-1) == lb.argmax(-1))
+        stale.append(lb.logsumexp(-1) - s["target_lse"])   # the bf16 values' lse against the fp8 logits
+        mass.append(torch.exp(lb - s["target_lse"][:, None]).sum(-1))
+        n += la.shape[0]
+    tv, top1, stale, mass = torch.cat(tv), torch.cat(top1).float(), torch.cat(stale), torch.cat(mass)
+    record = header(cache=args.cache, target=args.target, calib_tokens=got, tokens=n, codec="fp8, last_hidden=fp8",
+                    tv_mean=float(tv.mean()), tv_p50=float(tv.median()), tv_p90=float(tv.quantile(0.9)),
+                    tv_max=float(tv.max()), top1_agreement=float(top1.mean()),
+                    bf16_lse_gap_abs_mean=float(stale.abs().mean()), bf16_lse_gap_abs_max=float(stale.abs().max()),
+                    bf16_lse_mass_mean=float(mass.mean()), bf16_lse_mass_p10_p90=[float(mass.quantile(0.1)),
+                                                                                  float(mass.quantile(0.9))])
+    print(json.dumps({k: v for k, v in record.items() if k != "machine"}, indent=1))
+    write_record(record, "cache_last_hidden", args.out)
+    return 0
+
+
 # -- gate: the same drafter on each codec's cache -----------------------------------------------------------
 
 def gate(args) -> int:
@@ -310,6 +358,12 @@ def main(argv=None) -> int:
     lb = modes.add_parser("lossy-bytes", help="every lossy codec on an existing bf16 cache (cache_lossy_bytes.json)")
     lb.add_argument("cache", help="a bf16 cache directory (e.g. bench/work/cache_gate/gate/cache-bf16)")
     lb.add_argument("--out", default=str(record_path("cache_lossy_bytes")), help="record path")
+    lh = modes.add_parser("last-hidden", help="fp8 last_hidden against the target distribution (cache_last_hidden.json)")
+    lh.add_argument("cache", help="a cache with lossless last_hidden and target_lse")
+    lh.add_argument("--target", default="reference:smollm2-135m")
+    lh.add_argument("--calib-tokens", type=int, default=16384, help="tokens the fp8 scales are fitted on")
+    lh.add_argument("--tokens", type=int, default=4096, help="tokens measured, after the calibration ones")
+    lh.add_argument("--out", default=str(record_path("cache_last_hidden")), help="record path")
     g = modes.add_parser("gate", help="the same drafter trained on each codec's cache (cache_gate.{json,md})")
     g.add_argument("--regen", default=None, help="existing regen JSONL (default: regenerate --n conversations)")
     g.add_argument("--target", default="reference:smollm2-135m")
@@ -331,7 +385,7 @@ def main(argv=None) -> int:
     g.add_argument("--fresh", action="store_true", help="delete --work first")
     g.add_argument("--out", default=str(record_path("cache_gate")), help="record path (its table: <stem>.md)")
     args = ap.parse_args(argv)
-    return {"codecs": codecs, "lossy-bytes": lossy_bytes, "gate": gate}[args.mode](args)
+    return {"codecs": codecs, "lossy-bytes": lossy_bytes, "last-hidden": last_hidden, "gate": gate}[args.mode](args)
 
 
 if __name__ == "__main__":

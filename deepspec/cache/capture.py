@@ -142,7 +142,7 @@ def pad_token_id(target) -> int:
     return int(eos[0]) if eos else 0
 
 
-def capture_batch(target, batch, pad_id: int):
+def capture_batch(target, batch, pad_id: int, codec: Optional[Codec] = None):
     lens = [len(it["ids"]) for it in batch]
     T = max(lens)
     ids = torch.full((len(batch), T), pad_id, dtype=torch.long)
@@ -152,8 +152,9 @@ def capture_batch(target, batch, pad_id: int):
         am[b, : lens[b]] = 1
     cap = target.capture(ids, attention_mask=None if min(lens) == T else am)
     last = cap.last_hidden.to(torch.bfloat16)
-    # the log-normaliser of the logits training will see: from the stored (bf16) last_hidden, in fp32
-    lse = target.log_normalizer(last)
+    # the log-normaliser of the logits training will see: from last_hidden as ``codec`` stores it, in fp32
+    lse = target.log_normalizer(last if codec is None else codec.stored_last_hidden(last.reshape(-1, last.shape[-1]))
+                                .reshape(last.shape))
     return cap.features.to(torch.bfloat16).cpu(), last.cpu(), lse.cpu()
 
 

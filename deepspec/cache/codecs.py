@@ -135,6 +135,16 @@ class Codec:
     def decode(self, blob, shape: Tuple[int, int], column: str = "features") -> torch.Tensor:
         raise NotImplementedError
 
+    @property
+    def last_hidden_lossless(self) -> bool:
+        """Whether ``last_hidden`` reads back bit-exact (as bf16): it defines the target distribution."""
+        return True
+
+    def stored_last_hidden(self, x: torch.Tensor) -> torch.Tensor:
+        """The ``last_hidden`` the reader will return for ``x`` (bf16): what ``target_lse`` is computed from,
+        so that ``exp(logits - target_lse)`` is a distribution over the vocabulary."""
+        return x.to(torch.bfloat16)
+
     # lossy codecs with fitted state ---------------------------------------------------------
     def calibrate(self, samples: Iterable[Dict[str, torch.Tensor]]) -> None:
         """Fit codec state on a few samples (called once before the build when

@@ -132,6 +132,16 @@ class LossyCodec(Codec):
         raw = zstd_decompress(blob, t * d, what)
         return fp8_dequantize(from_channel_major(raw, shape), self.lh_scale).to(torch.bfloat16)
 
+    @property
+    def last_hidden_lossless(self) -> bool:
+        return self.last_hidden_mode == "bf16"
+
+    def stored_last_hidden(self, x: torch.Tensor) -> torch.Tensor:
+        if self.last_hidden_mode == "bf16":
+            return x.to(torch.bfloat16)
+        self._need_state()
+        return fp8_dequantize(fp8_quantize(x.cpu(), self.lh_scale), self.lh_scale).to(torch.bfloat16)
+
     def encode(self, x: torch.Tensor, column: str = "features") -> bytes:
         if x.dim() != 2:
             raise ValueError(f"{self.name} codec encodes [T, D] tensors, got shape {tuple(x.shape)}")

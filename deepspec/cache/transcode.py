@@ -5,7 +5,8 @@
 
 The new cache holds the same samples, shards and token data as ``SRC``; only the ``features`` /
 ``last_hidden`` blobs are decoded and re-encoded (``input_ids``, ``loss_mask`` and ``target_lse``
-are carried over as their values).  A lossy codec is calibrated on the first ``cache.calib_tokens``
+are carried over as their values, so ``last_hidden`` must stay lossless: ``target_lse`` normalises its
+logits, and a lossy ``last_hidden`` is refused).  A lossy codec is calibrated on the first ``cache.calib_tokens``
 tokens of ``SRC`` in input order, as a build calibrates on the first regenerated records; its
 reconstruction error goes into the manifest as usual.  Transcoding a lossless cache to ``fp8`` or
 ``lowrank`` therefore gives the cache a direct build would give, up to the bf16 rounding of the
@@ -102,6 +103,11 @@ def transcode_cache(src_dir, dst_dir, cache_cfg, progress: bool = True) -> Path:
     if out.resolve() == src.path.resolve():
         raise CacheError(f"{out}: the destination must be another directory than the source")
     codec = codec_from_config(cache_cfg)
+    if not codec.last_hidden_lossless:
+        raise CacheError(f"{out}: cache.last_hidden_codec={cache_cfg.last_hidden_codec} changes last_hidden, and "
+                         f"target_lse (carried over from {src.path}) would no longer normalise its logits; build "
+                         "this cache with `deepspec prepare` (it computes target_lse from the stored values), or "
+                         "transcode with cache.last_hidden_codec=bf16")
     info = transcode_info(src, codec)
     out.mkdir(parents=True, exist_ok=True)
     old = check_existing(out, info)

@@ -111,7 +111,7 @@ def _build_shard(out: Path, k: int, records, target, codec: Codec, info: Dict[st
 
     try:
         for batch in length_batches(items, max(1, int(cfg.cache.batch_tokens))):
-            feats, last, lse = capture_batch(target, batch, pad_id)
+            feats, last, lse = capture_batch(target, batch, pad_id, codec)
             pending.append([pool.submit(encode_row, codec, it, feats[b], last[b], lse[b])
                             for b, it in enumerate(batch)])
             drain(1)  # keep one batch compressing while the target runs the next

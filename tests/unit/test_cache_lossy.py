@@ -230,6 +230,26 @@ def test_built_caches_round_trip_within_bounds(built):
         assert r.verify(decode=True) == []
 
 
+def test_fp8_last_hidden_build_normalises_the_stored_values(built):
+    """With a lossy last_hidden the stored target_lse is the log-normaliser of the logits of the stored
+    (decoded) values, so exp(logits - lse) sums to 1 over the vocabulary, not of the target's bf16 ones."""
+    tmp, target, out = built
+    d = build_cache(_cfg(tmp, "fp8", **{"cache.last_hidden_codec": "fp8", "cache.dir": str(tmp / "cache-lh8")}),
+                    target=target, progress=False)
+    r, ref = CacheReader(d).validate(target), CacheReader(out["bf16"])
+    assert r.manifest["codec"]["params"]["last_hidden"] == "fp8"
+    moved = 0.0
+    for i in range(len(r)):
+        a, b = ref[i], r[i]
+        lse = target.log_normalizer(b["last_hidden"])
+        assert torch.allclose(b["target_lse"], lse, atol=1e-4)
+        mass = torch.exp(target.logits_from_hidden(b["last_hidden"].float(), dtype=torch.float32)
+                         - b["target_lse"][:, None]).sum(-1)
+        assert torch.allclose(mass, torch.ones_like(mass), atol=1e-4)
+        moved = max(moved, float((a["target_lse"] - b["target_lse"]).abs().max()))
+    assert moved > 1e-4      # the fp8 values do change the normaliser: the bf16 one would be stale
+
+
 def test_info_prints_reconstruction(built, capsys):
     from deepspec.cache.cli import main
     _, _, out = built

@@ -99,6 +99,10 @@ def test_refusals(caches, capsys):
         transcode_cache(built["bf16"], fp8, _cfg(tmp, "lowrank").cache, progress=False)
     with pytest.raises(CacheError, match="another directory"):
         transcode_cache(built["bf16"], built["bf16"], _cfg(tmp, "fp8").cache, progress=False)
+    with pytest.raises(CacheError, match="last_hidden_codec=fp8 .*target_lse"):   # the carried lse would be stale
+        transcode_cache(built["bf16"], tmp / "tc-lh", _cfg(tmp, "fp8", **{"cache.last_hidden_codec": "fp8"}).cache,
+                        progress=False)
+    assert not (tmp / "tc-lh").exists()
     with pytest.raises(CacheError, match="no manifest.json"):
         transcode_cache(tmp / "nothing", tmp / "tc-x", _cfg(tmp, "fp8").cache, progress=False)
     assert cache_main(["transcode", str(built["bf16"]), str(tmp / "tc-y"), "train.lr=1"]) == 1
