@@ -331,6 +331,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--in-process", action="store_true",
                    help="run the evals in this process (no interpreter start per eval; for tests, not for timings)")
     p.add_argument("--out", default=None, help="record path (default: bench/results/decoding_table[-LABEL].json)")
+    p.add_argument("--note", action="append", default=[], metavar="TEXT",
+                   help="a line of the record's notes (e.g. how the evals were scheduled); repeatable")
     return p
 
 
@@ -362,7 +364,7 @@ def main(argv=None) -> Dict[str, Any]:
            "args": {k: (repo_relative(v) if isinstance(v, str) else v) for k, v in vars(args).items()},
            "drafters": {n: repo_relative(c) if c else None for n, c in drafters},
            "rows": rows, "fastest_plain_tokens_per_s": fastest_plain(rows), "tuning": tuning,
-           "assisted_generation": None if args.assistant else NO_ASSISTANT}
+           "assisted_generation": None if args.assistant else NO_ASSISTANT, "notes": list(args.note)}
     path = write_record(rec, "decoding_table", out=args.out, label=args.label)
     md = markdown(rec)
     path.with_suffix(".md").write_text(md)

@@ -66,6 +66,8 @@ def markdown(rec: Mapping[str, Any]) -> str:
            "after the first token | draft ms | verify ms | overhead ms | identical |",
            "|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     out += [_row(n, r, fastest, hf_plain) for n, r in rec["rows"].items()]
+    if rec.get("notes"):
+        out += ["", "Notes:", *(f"- {n}" for n in rec["notes"])]
     out += ["", f"Assisted generation: {rec['assisted_generation'] or 'run (rows above)'}."]
     if rec.get("tuning"):
         out += ["", "Chosen on the tuning prompts (speedup over own plain decoding):"]

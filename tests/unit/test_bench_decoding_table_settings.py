@@ -67,3 +67,16 @@ def test_markdown_states_the_speedup_after_the_first_token(bench_module, tmp_pat
     path.write_text(json.dumps({**rec, "script": "eval_drafters"}))
     with pytest.raises(SystemExit, match="not a decoding_table record"):
         mod.main([str(path)])
+
+
+def test_markdown_lists_the_record_notes(bench_module):
+    mod = bench_module("table_markdown")
+    assert "Notes:" not in mod.markdown(_record({}))
+    md = mod.markdown({**_record({}), "notes": ["two tables at once, one per core"]}).splitlines()
+    assert md[md.index("Notes:") + 1] == "- two tables at once, one per core"
+
+
+def test_note_option_reaches_the_record(bench_module):
+    args = bench_module("decoding_table").build_parser().parse_args(
+        ["--drafter", "d=none", "--note", "a", "--note", "b"])
+    assert args.note == ["a", "b"]
