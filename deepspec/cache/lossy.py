@@ -139,7 +139,8 @@ class LossyCodec(Codec):
     def stored_last_hidden(self, x: torch.Tensor) -> torch.Tensor:
         if self.last_hidden_mode == "bf16":
             return super().stored_last_hidden(x)
-        self._need_state()   # on x's device: the target computes its lse there
+        self._need_state()
+        # back on x's device: the target computes its lse there
         return fp8_dequantize(fp8_quantize(x.cpu(), self.lh_scale), self.lh_scale).to(x.device, torch.bfloat16)
 
     def encode(self, x: torch.Tensor, column: str = "features") -> bytes:

@@ -76,7 +76,7 @@ def test_markdown_lists_the_record_notes(bench_module):
     assert md[md.index("Notes:") + 1] == "- two tables at once, one per core"
 
 
-def test_note_option_reaches_the_record(bench_module):
+def test_note_option_is_repeatable(bench_module):
     args = bench_module("decoding_table").build_parser().parse_args(
         ["--drafter", "d=none", "--note", "a", "--note", "b"])
     assert args.note == ["a", "b"]
